@@ -1,0 +1,59 @@
+// corelm eval: mean loss and perplexity of a model directory over a whole text or token file
+// (non-overlapping windows: every token after the first is predicted exactly once).
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "command_registry.h"
+#include "corelm/model_dir.h"
+#include "corelm/thread_pool.h"
+#include "corelm/train.h"
+
+namespace corelm::cli {
+namespace {
+
+struct EvalArgs {
+  std::string model, data;
+  int64_t batch = 4, seq = 0;
+  int threads = 1;
+  bool json = false;
+};
+
+void run(const EvalArgs& a) {
+  set_num_threads(a.threads);
+  model::LoadedModel m = model::load_model_dir(a.model);
+  const bool bin = a.data.size() > 4 && a.data.ends_with(".bin");
+  train::TokenDataset data =
+      bin ? train::TokenDataset::open(a.data) : train::TokenDataset::from_text_files(*m.tokenizer, {a.data}, a.threads);
+  const int64_t context = m.decoder.config().max_position_embeddings;
+  const int64_t seq = a.seq > 0 ? std::min(a.seq, context) : context;
+  CORELM_CHECK(data.size() >= 2, ValueError, "eval: ", a.data, " holds ", data.size(), " tokens; need at least 2");
+  CORELM_CHECK(data.vocab_bound() <= m.decoder.config().vocab_size, ValueError, "eval: ", a.data, " holds token id ",
+               data.vocab_bound() - 1, ", outside the model's vocab_size ", m.decoder.config().vocab_size);
+  const auto batches = train::sequential_batches(data, 0, data.size(), a.batch, seq);
+  const train::EvalResult r = train::evaluate(m.decoder, batches);
+  const double ppl = std::exp(r.mean_loss);
+  if (a.json) {
+    nlohmann::ordered_json j{{"mean_loss", r.mean_loss}, {"perplexity", ppl}, {"tokens", r.tokens}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << "mean loss " << r.mean_loss << " nats/token, perplexity " << ppl << " over " << r.tokens
+              << " tokens\n";
+  }
+}
+
+RegisterCommand reg([](CLI::App& root) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* c = root.add_subcommand("eval", "Mean loss and perplexity of a model over a text or token file");
+  c->add_option("--model", a->model, "model directory (config.json, model.safetensors, tokenizer.json)")->required();
+  c->add_option("--data", a->data, "text file, or token file FILE.bin (+ FILE.bin.json)")->required();
+  c->add_option("--seq", a->seq, "window length (default: the model context)");
+  c->add_option("--batch", a->batch, "windows per forward")->capture_default_str();
+  c->add_option("--threads", a->threads, "threads")->capture_default_str();
+  c->add_flag("--json", a->json, "one JSON object on stdout");
+  c->callback([a] { run(*a); });
+});
+
+}  // namespace
+}  // namespace corelm::cli

@@ -1,0 +1,216 @@
+// corelm train: pretrain (text or token files) or fine-tune (--sft pairs) a decoder; see
+// docs/TRAINING.md. Argument parsing and setup only; the loop lives in src/train.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "command_registry.h"
+#include "corelm/error.h"
+#include "corelm/model.h"
+#include "corelm/model_dir.h"
+#include "corelm/thread_pool.h"
+#include "corelm/tokenizer.h"
+#include "corelm/tokenizer_train.h"
+#include "corelm/train.h"
+
+namespace corelm::cli {
+namespace {
+namespace fs = std::filesystem;
+
+struct TrainArgs {
+  std::string preset = "tiny", config, init, sft, tokenizer, out, schedule = "cosine";
+  std::vector<std::string> data;
+  int64_t steps = 0, batch = 8, seq = 128, grad_accum = 1, warmup = -1, eval_every = 0, save_every = 500;
+  int64_t eval_batches = 8, log_every = 10, stop_at = 0;
+  int threads = 1, sample_tokens = 32;
+  uint64_t seed = 0;
+  double lr = 2e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0, time_budget = 0, val_fraction = 0.05;
+  std::string sample_prompt;
+  bool resume = false, no_progress = false;
+};
+
+bool is_token_file(const std::string& path) { return path.size() > 4 && path.ends_with(".bin"); }
+
+void run(const TrainArgs& a) {
+  set_num_threads(a.threads);
+  CORELM_CHECK(!a.data.empty() || !a.sft.empty(), ValueError, "train: give --data FILE... or --sft pairs.jsonl");
+  CORELM_CHECK(a.data.empty() || a.sft.empty(), ValueError, "train: --data and --sft are exclusive");
+  fs::create_directories(a.out);
+  const std::string out_config = (fs::path(a.out) / "config.json").string();
+  const std::string out_tokenizer = (fs::path(a.out) / "tokenizer.json").string();
+  const bool resuming = a.resume && train::has_checkpoint(a.out);
+
+  // Config and (for --init) weights.
+  std::unique_ptr<model::LoadedModel> init;
+  model::ModelConfig config;
+  if (resuming) config = model::ModelConfig::load(out_config);
+  else if (!a.init.empty()) {
+    init = std::make_unique<model::LoadedModel>(model::load_model_dir(a.init));
+    config = init->decoder.config();
+  } else if (!a.config.empty()) config = model::ModelConfig::load(a.config);
+  else config = model::ModelConfig::preset(a.preset);
+
+  // Tokenizer: the checkpoint's, the initial model's, the one given, or one trained on the data.
+  std::string tokenizer_path;
+  if (resuming) tokenizer_path = out_tokenizer;
+  else if (!a.init.empty()) tokenizer_path = (fs::path(a.init) / "tokenizer.json").string();
+  else if (!a.tokenizer.empty()) tokenizer_path = a.tokenizer;
+  else {
+    std::vector<std::string> text_files;
+    if (!a.sft.empty()) text_files.push_back(a.sft);
+    for (const auto& f : a.data) {
+      CORELM_CHECK(!is_token_file(f), ValueError, "train: ", f,
+                   " is a token file; give --tokenizer (the tokenizer that produced it)");
+      text_files.push_back(f);
+    }
+    BpeTrainOptions bpe;
+    bpe.vocab_size = static_cast<size_t>(config.vocab_size);
+    bpe.progress = !a.no_progress;
+    const BpeTrainStats s = train_bpe(text_files, bpe, out_tokenizer);
+    if (!a.no_progress)
+      std::cerr << "trained a byte-level BPE tokenizer: " << s.vocab_size << " tokens (" << s.merges << " merges) in "
+                << s.count_seconds + s.merge_seconds << " s -> " << out_tokenizer << "\n";
+    tokenizer_path = out_tokenizer;
+  }
+  std::unique_ptr<Tokenizer> tok = Tokenizer::load(tokenizer_path);
+  const int64_t tok_vocab = static_cast<int64_t>(tok->vocab_size());
+  if (tok_vocab > config.vocab_size) {
+    CORELM_CHECK(!resuming && a.init.empty(), ValueError, "train: tokenizer ", tokenizer_path, " has ", tok_vocab,
+                 " ids, more than the model's vocab_size ", config.vocab_size);
+    std::cerr << "note: vocab_size raised from " << config.vocab_size << " to the tokenizer's " << tok_vocab << "\n";
+    config.vocab_size = tok_vocab;
+  }
+
+  model::Decoder decoder(config);
+  if (init) {
+    for (const auto& [name, t] : init->decoder.named_parameters()) decoder.load_parameter(name, t);
+    init.reset();
+  } else {
+    decoder.init_weights(a.seed);
+  }
+
+  // Data: training windows/pairs and a fixed validation set.
+  std::unique_ptr<train::BatchSource> source;
+  std::vector<train::Batch> val;
+  train::TokenDataset dataset;
+  std::vector<train::SftPair> pairs;
+  size_t sft_val_begin = 0;
+  if (!a.sft.empty()) {
+    pairs = train::load_sft_pairs(a.sft, *tok);
+    const size_t n_val = pairs.size() >= 2 ? std::max<size_t>(1, static_cast<size_t>(pairs.size() * a.val_fraction)) : 0;
+    const size_t train_end = pairs.size() - n_val;
+    sft_val_begin = n_val ? train_end : 0;
+    const TokenId pad = tok->pad_id().value_or(tok->eos_id().value_or(0));
+    source = std::make_unique<train::SftSampler>(pairs, 0, train_end, pad, a.seed);
+    for (size_t i = train_end; i < pairs.size() && static_cast<int64_t>(val.size()) < a.eval_batches; i += a.batch) {
+      std::vector<const train::SftPair*> rows;
+      for (size_t j = i; j < std::min(pairs.size(), i + a.batch); ++j) rows.push_back(&pairs[j]);
+      val.push_back(train::make_sft_batch(rows, a.seq, pad));
+    }
+  } else {
+    bool any_bin = false, any_text = false;
+    for (const auto& f : a.data) (is_token_file(f) ? any_bin : any_text) = true;
+    CORELM_CHECK(!(any_bin && any_text), ValueError, "train: --data mixes token files (.bin) and text files");
+    if (any_bin && a.data.size() == 1) {
+      dataset = train::TokenDataset::open(a.data[0]);
+    } else if (any_bin) {
+      std::vector<TokenId> ids;
+      for (const auto& f : a.data) {
+        train::TokenDataset d = train::TokenDataset::open(f);
+        for (int64_t i = 0; i < d.size(); ++i) ids.push_back(d[i]);
+      }
+      dataset = train::TokenDataset::from_ids(std::move(ids));
+    } else {
+      dataset = train::TokenDataset::from_text_files(*tok, a.data, a.threads);
+    }
+    CORELM_CHECK(dataset.vocab_bound() <= config.vocab_size, ValueError, "train: the data holds token id ",
+                 dataset.vocab_bound() - 1, ", outside the model's vocab_size ", config.vocab_size);
+    const train::Split split = train::split_tokens(dataset.size(), a.val_fraction, a.seq);
+    if (split.train_end < dataset.size())
+      val = train::sequential_batches(dataset, split.train_end, dataset.size(), a.batch, a.seq, a.eval_batches);
+    source = std::make_unique<train::WindowSampler>(dataset, 0, split.train_end, a.seed);
+    if (!a.no_progress)
+      std::cerr << "data: " << dataset.size() << " tokens (" << split.train_end << " train, "
+                << dataset.size() - split.train_end << " validation); model: "
+                << config.num_parameters(false) << " non-embedding parameters\n";
+  }
+
+  train::TrainOptions opt;
+  opt.out_dir = a.out;
+  opt.steps = a.steps;
+  opt.time_budget_s = a.time_budget;
+  opt.stop_at = a.stop_at;
+  opt.batch = a.batch;
+  opt.seq = a.seq;
+  opt.grad_accum = a.grad_accum;
+  opt.schedule.kind = train::parse_schedule(a.schedule);
+  opt.schedule.lr = a.lr;
+  opt.schedule.warmup = a.warmup >= 0 ? a.warmup : std::min<int64_t>(100, a.steps / 10);
+  opt.schedule.min_lr_ratio = a.min_lr_ratio;
+  opt.weight_decay = static_cast<float>(a.weight_decay);
+  opt.clip = static_cast<float>(a.clip);
+  opt.eval_every = a.eval_every > 0 ? a.eval_every : std::max<int64_t>(1, a.steps / 10);
+  opt.eval_batches = a.eval_batches;
+  opt.save_every = a.save_every;
+  opt.log_every = a.log_every;
+  opt.sample_tokens = a.sample_tokens;
+  opt.sample_prompt = a.sample_prompt;
+  // SFT samples answer the first held-out input (the default prompt would include its output).
+  if (opt.sample_prompt.empty() && !pairs.empty()) opt.sample_prompt = tok->decode(pairs[sft_val_begin].input);
+  opt.seed = a.seed;
+  opt.resume = a.resume;
+  opt.progress = !a.no_progress;
+  const train::TrainResult r = train::train(decoder, *source, val.empty() ? nullptr : &val, tok.get(),
+                                            tokenizer_path, opt);
+  nlohmann::ordered_json summary{{"out", a.out},
+                                 {"start_step", r.start_step},
+                                 {"steps", r.end_step},
+                                 {"train_loss", r.last_train_loss},
+                                 {"val_loss", r.last_val_loss},
+                                 {"tokens_seen", r.tokens_seen},
+                                 {"tokens_per_s", r.tokens_per_s},
+                                 {"threads", a.threads}};
+  std::cout << summary.dump() << "\n";
+}
+
+RegisterCommand reg([](CLI::App& root) {
+  auto a = std::make_shared<TrainArgs>();
+  CLI::App* c = root.add_subcommand("train", "Train (or fine-tune with --sft) a decoder on one machine");
+  c->add_option("--preset", a->preset, "model shape: tiny, small, smollm2-135m")->capture_default_str();
+  c->add_option("--config", a->config, "a config.json instead of a preset");
+  c->add_option("--init", a->init, "start from this model directory (fine-tuning)");
+  c->add_option("--data", a->data, "text files (tokenized on the fly) or token files FILE.bin (+ FILE.bin.json)");
+  c->add_option("--sft", a->sft, "supervised fine-tuning pairs: JSONL {\"input\": ..., \"output\": ...}");
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer to use (default: train a byte-level BPE on the data)");
+  c->add_option("--out", a->out, "output directory (checkpoint, tokenizer, train_log.jsonl)")->required();
+  c->add_option("--steps", a->steps, "optimizer steps")->required();
+  c->add_option("--threads", a->threads, "threads")->capture_default_str();
+  c->add_option("--seed", a->seed, "seed for weights and data order")->capture_default_str();
+  c->add_flag("--resume", a->resume, "continue from the checkpoint in --out (bit-identical)");
+  c->add_option("--batch", a->batch, "sequences per micro-batch")->capture_default_str();
+  c->add_option("--seq", a->seq, "tokens per sequence")->capture_default_str();
+  c->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  c->add_option("--lr", a->lr, "peak learning rate")->capture_default_str();
+  c->add_option("--min-lr-ratio", a->min_lr_ratio, "final lr / peak lr (cosine, wsd)")->capture_default_str();
+  c->add_option("--warmup", a->warmup, "warmup steps (default: min(100, steps/10))");
+  c->add_option("--schedule", a->schedule, "cosine | wsd | constant")->capture_default_str();
+  c->add_option("--weight-decay", a->weight_decay, "AdamW weight decay (not on norms/biases)")->capture_default_str();
+  c->add_option("--clip", a->clip, "gradient clipping by global norm (0: off)")->capture_default_str();
+  c->add_option("--eval-every", a->eval_every, "validation + sample every N steps (default: steps/10)");
+  c->add_option("--eval-batches", a->eval_batches, "validation batches per evaluation")->capture_default_str();
+  c->add_option("--val-fraction", a->val_fraction, "held-out tail of the data")->capture_default_str();
+  c->add_option("--save-every", a->save_every, "checkpoint every N steps (and at the end)")->capture_default_str();
+  c->add_option("--log-every", a->log_every, "progress line period when stderr is not a terminal")
+      ->capture_default_str();
+  c->add_option("--sample-tokens", a->sample_tokens, "greedy tokens printed after each evaluation")
+      ->capture_default_str();
+  c->add_option("--sample-prompt", a->sample_prompt, "prompt for the samples (default: start of validation)");
+  c->add_option("--time-budget", a->time_budget, "stop (and checkpoint) after this many seconds");
+  c->add_option("--stop-at", a->stop_at, "stop (and checkpoint) after this step, as an interruption would");
+  c->add_flag("--no-progress", a->no_progress, "no progress output on stderr");
+  c->callback([a] { run(*a); });
+});
+
+}  // namespace
+}  // namespace corelm::cli

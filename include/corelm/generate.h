@@ -1,0 +1,110 @@
+// Text generation: a sampler (logits -> next token, Hugging Face semantics for every knob) and a
+// generator that prefills prompts through the KV cache in one batched forward, then decodes one
+// token per step for all unfinished prompts at once. See docs/GENERATION.md for the semantics of
+// each option and the context-length policy.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "corelm/model.h"
+#include "corelm/random.h"
+#include "corelm/tokenizer.h"
+
+namespace corelm::infer {
+
+// Order of application (as Hugging Face's logits processors/warpers): repetition penalty,
+// no-repeat n-gram ban, then (unless greedy) temperature, top-k, top-p, min-p, and a draw.
+struct SamplingOptions {
+  bool greedy = false;             // argmax (first index on ties); also implied by temperature <= 0
+  float temperature = 1.0f;
+  int64_t top_k = 0;               // 0: off
+  float top_p = 1.0f;              // 1: off; keeps the smallest top set with probability >= top_p
+  float min_p = 0.0f;              // 0: off; drops tokens with p < min_p * p_max
+  float repetition_penalty = 1.0f; // 1: off; >1 discourages tokens already in prompt + output
+  int64_t no_repeat_ngram_size = 0;  // 0: off; bans tokens that would repeat an n-gram
+
+  void validate() const;  // ValueError naming the option
+  bool is_greedy() const { return greedy || temperature <= 0.0f; }
+};
+
+// In place, on one row of logits. `context` is the prompt plus the tokens generated so far.
+void apply_repetition_penalty(std::span<float> logits, std::span<const TokenId> context, float penalty);
+void ban_repeated_ngrams(std::span<float> logits, std::span<const TokenId> context, int64_t n);
+// All of the above and the sampling filters, in place: removed tokens become -inf and the others
+// hold their temperature-scaled logits (what HF's processors + warpers return). Greedy options
+// leave the penalised logits. The draw is a softmax over the result.
+void warp_logits(std::span<float> logits, std::span<const TokenId> context, const SamplingOptions& options);
+// Index of the largest value; the first one on ties (as torch.argmax).
+TokenId argmax(std::span<const float> logits);
+
+// Turns logits into a token. Deterministic given the seed; one Sampler per sequence.
+class Sampler {
+ public:
+  Sampler(SamplingOptions options, uint64_t seed);
+  // `logits` is modified (scratch); ids >= `allowed_vocab` (when > 0) are never chosen, so a model
+  // whose embedding table is padded past the tokenizer's vocabulary never emits unknown ids.
+  TokenId sample(std::span<float> logits, std::span<const TokenId> context, int64_t allowed_vocab = 0);
+  const SamplingOptions& options() const { return options_; }
+
+ private:
+  SamplingOptions options_;
+  Generator gen_;
+  std::vector<std::pair<float, TokenId>> scratch_;
+};
+
+enum class Truncate { None, Left };
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  SamplingOptions sampling;
+  uint64_t seed = 0;  // every prompt samples from its own Generator(seed): batch-independent
+  std::vector<std::string> stop;  // stop strings (cut from the text, like OpenAI's API)
+  bool stop_at_eos = true;        // tokenizer eos_id and config eos_token_id
+  bool add_special = true;        // encode prompts with BOS etc. as the tokenizer configures
+  // None: a prompt longer than the context is a ValueError. Left: it keeps its last
+  // max(1, context - max_new_tokens) tokens.
+  Truncate truncate = Truncate::None;
+  // Rows whose prefill logits would exceed this many floats are prefilled in several forwards.
+  int64_t max_prefill_floats = int64_t(64) << 20;
+};
+
+struct GenerationResult {
+  std::string text;             // generated text only (valid UTF-8; the concatenation of the streamed pieces)
+  std::vector<TokenId> tokens;  // every generated id, including a final EOS
+  int64_t prompt_tokens = 0;    // after truncation
+  bool truncated = false;
+  std::string finish_reason;    // "stop" (EOS or a stop string) or "length" (max_new_tokens or context)
+  // Whole-batch timings: prefill = the prompt forwards; decode = the one-token steps.
+  double prefill_seconds = 0, decode_seconds = 0;
+  double prefill_tok_s = 0, decode_tok_s = 0;
+};
+
+// Called with (prompt index, text piece) as text becomes final: never inside a UTF-8 character
+// and never part of a stop string.
+using StreamCallback = std::function<void(size_t, std::string_view)>;
+
+class TextGenerator {
+ public:
+  // Both must outlive the generator. The context is config.max_position_embeddings.
+  TextGenerator(const model::Decoder& decoder, const Tokenizer& tokenizer);
+
+  std::vector<GenerationResult> generate(const std::vector<std::string>& prompts, const GenerateOptions& options,
+                                         const StreamCallback& on_text = {}) const;
+  GenerationResult generate(const std::string& prompt, const GenerateOptions& options,
+                            const StreamCallback& on_text = {}) const;
+  // Token-level entry: prompts are ids (not re-encoded; add_special ignored).
+  std::vector<GenerationResult> generate_ids(const std::vector<std::vector<TokenId>>& prompts,
+                                             const GenerateOptions& options, const StreamCallback& on_text = {}) const;
+
+  int64_t context() const;
+
+ private:
+  const model::Decoder& decoder_;
+  const Tokenizer& tokenizer_;
+};
+
+}  // namespace corelm::infer

@@ -1,0 +1,111 @@
+// Llama/Qwen2-style decoder: token embedding -> N x (RMSNorm -> GQA attention with RoPE ->
+// residual -> RMSNorm -> SwiGLU FFN -> residual) -> final RMSNorm -> LM head (tied or not).
+// Parameters carry Hugging Face names ("model.layers.0.self_attn.q_proj.weight", ...) so that
+// loading a HF checkpoint is a lookup, not a rewrite.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "corelm/tensor.h"
+
+namespace corelm::model {
+
+// Field names and meaning as in a Hugging Face config.json.
+struct ModelConfig {
+  std::string model_type = "llama";  // "llama" or "qwen2" (qwen2 implies attention_bias)
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // 0 in JSON input means hidden_size / num_attention_heads
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  int64_t max_position_embeddings = 512;
+  bool tie_word_embeddings = true;
+  bool attention_bias = false;
+  std::string torch_dtype = "float32";
+  double initializer_range = 0.02;
+  int64_t bos_token_id = -1;  // -1: none
+  int64_t eos_token_id = -1;
+
+  // Parses a config.json object; `source` (a file name) is used in error messages. Unknown keys are
+  // ignored; missing required keys, wrong types and unsupported features (rope_scaling, sliding
+  // window, MoE) are FormatErrors naming the field.
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& source = "config.json");
+  static ModelConfig load(const std::string& path);  // a config.json file
+  nlohmann::json to_json() const;                     // HF-compatible (architectures, model_type, ...)
+  void save(const std::string& path) const;           // atomic write
+
+  // Shipped shapes: "tiny", "small", "smollm2-135m". ValueError lists the names for others.
+  static ModelConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+
+  // Throws ValueError naming the field (e.g. heads not dividing hidden size).
+  void validate() const;
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  int64_t num_parameters(bool include_embeddings = true) const;
+};
+
+// Per-layer key/value cache for incremental decoding: k/v of layer l are [B, Hkv, capacity, D] f32.
+// Each batch row has its own length, so rows with prompts of different lengths decode together.
+class KVCache {
+ public:
+  KVCache(const ModelConfig& config, int64_t batch, int64_t capacity);
+  int64_t batch() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t capacity() const { return capacity_; }
+  int64_t length(int64_t row) const { return lengths_.at(row); }
+  void set_length(int64_t row, int64_t len);  // e.g. 0 to reuse a row for a new sequence
+  void reset();                               // all rows empty
+  Tensor& k(int64_t layer) { return k_.at(layer); }
+  Tensor& v(int64_t layer) { return v_.at(layer); }
+
+ private:
+  int64_t capacity_;
+  std::vector<int64_t> lengths_;
+  std::vector<Tensor> k_, v_;
+};
+
+class Decoder {
+ public:
+  explicit Decoder(ModelConfig config);  // validates; parameters allocated (zeros)
+
+  const ModelConfig& config() const { return config_; }
+
+  // HF initialisation: Linear/Embedding weights ~ N(0, initializer_range), norms = 1, biases = 0.
+  void init_weights(uint64_t seed);
+
+  // Parameters in a fixed order (embedding, layers in order, final norm, lm_head if untied).
+  const std::vector<std::pair<std::string, Tensor>>& named_parameters() const { return params_; }
+  std::vector<Tensor> parameters() const;
+  Tensor& parameter(const std::string& name);  // IndexError naming the unknown name
+  bool has_parameter(const std::string& name) const;
+  // Copies values into the named parameter (shape must match; dtype converted). Used by loaders.
+  void load_parameter(const std::string& name, const Tensor& value);
+  void set_requires_grad(bool value);
+
+  // Full-sequence forward (training, scoring): ids [B, T] (i32/i64), positions 0..T-1.
+  // Returns logits [B, T, V], recorded on the autograd graph when parameters require grad.
+  Tensor forward(const Tensor& ids) const;
+  // The final-normed hidden states [B, T, H]; lm_head() maps them to logits.
+  Tensor forward_hidden(const Tensor& ids) const;
+  Tensor lm_head(const Tensor& hidden) const;
+
+  // Incremental forward (no autograd): ids [B, T] are appended to each row of `cache` at that
+  // row's current length (rows in `rows`, one per batch entry of ids; cache row r = rows[b]),
+  // positions continue from there; returns logits [B, T, V] and advances the rows' lengths.
+  // A row's result does not depend on the other rows. Exceeding capacity -> ValueError.
+  Tensor forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows) const;
+
+ private:
+  ModelConfig config_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::map<std::string, size_t> index_;
+};
+
+}  // namespace corelm::model

@@ -1,0 +1,90 @@
+// The op contracts. Every op checks shapes and dtypes (ShapeError/DTypeError naming the shapes),
+// dispatches on the device to a kernel, and records its backward on the autograd graph when an
+// input requires grad. Floating ops compute in f32 (inputs must be f32 unless stated); index
+// tensors are i32 or i64. Results never depend on the thread count.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "corelm/tensor.h"
+
+namespace corelm {
+class Generator;
+}
+
+namespace corelm::ops {
+
+// ---- differentiable views and shape ops (src/ops/shape.cc) ----
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor contiguous(const Tensor& x);
+Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
+// Sums `g` down to `shape` (the inverse of broadcasting); used by backward formulas.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+// ---- elementwise with PyTorch broadcasting (src/ops/elementwise.cc) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, float s);        // x * s
+Tensor add_scalar(const Tensor& x, float s);   // x + s
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor square(const Tensor& x);
+
+// ---- reductions (src/ops/reduce.cc) ----
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor sum(const Tensor& x);  // all elements -> scalar (shape [])
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& x);
+
+// ---- matmul (src/ops/matmul.cc) ----
+// a: [..., M, K] (or [..., K, M] with transpose_a), b: [..., K, N] (or [..., N, K] with
+// transpose_b); leading batch dims broadcast; 1-D operands are not accepted.
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+// x @ weight^T (+ bias): the nn.Linear convention, weight [out, in], bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- embedding (src/ops/embedding.cc) ----
+// weight [V, D], ids i32/i64 of any shape -> [...ids.shape, D]; ids out of range -> IndexError.
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+
+// ---- activations (src/ops/activation.cc) ----
+Tensor silu(const Tensor& x);
+Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up, same shapes
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+// Inverted dropout: zeroes with probability p and scales survivors by 1/(1-p); identity when
+// !training or p == 0. The mask is drawn from `gen`, so a seed reproduces it.
+Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
+
+// ---- normalisation (src/ops/norm.cc) ----
+// x [..., D] * rsqrt(mean(x^2) + eps) * weight[D]  (Llama/Qwen RMSNorm)
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);
+
+// ---- rotary position embedding (src/ops/rope.cc) ----
+// x [B, H, T, D] (D even); rotate-half convention of HF Llama/Qwen: pairs (i, i + D/2) rotated
+// by angle pos * theta^(-2i/D), pos = position_offset + t. Linear in x, so backward is the
+// inverse rotation.
+Tensor rope(const Tensor& x, float theta, int64_t position_offset = 0);
+
+// ---- attention (src/ops/attention.cc) ----
+// Causal scaled-dot-product attention with grouped-query heads.
+// q [B, Hq, T, D], k/v [B, Hkv, S, D], Hq % Hkv == 0 (query head h reads kv head h / (Hq/Hkv)).
+// Query t sits at absolute position S - T + t and sees keys 0..S-T+t. scale defaults to
+// 1/sqrt(D). Returns [B, Hq, T, D].
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                        std::optional<float> scale = std::nullopt);
+
+// ---- losses (src/ops/loss.cc) ----
+// logits [N, V] f32, targets [N] i32/i64; mean NLL over targets != ignore_index (0 if none).
+// A target outside [0, V) that is not ignore_index -> IndexError.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+}  // namespace corelm::ops

@@ -1,0 +1,213 @@
+// Training a Decoder on one machine: token data and window samplers (pretraining and SFT pairs),
+// learning-rate schedules, the training loop (AdamW, clipping, accumulation, JSONL log, progress
+// line, validation + sample generations) and checkpoints that resume bit-identically.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "corelm/model.h"
+#include "corelm/random.h"
+#include "corelm/tensor.h"
+#include "corelm/tokenizer.h"
+
+namespace corelm::train {
+
+// ---- learning-rate schedules (src/train/schedule.cc) ----
+
+enum class ScheduleKind { kConstant, kCosine, kWsd };
+ScheduleKind parse_schedule(const std::string& name);  // "constant" | "cosine" | "wsd"; ValueError
+std::string schedule_name(ScheduleKind kind);
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::kCosine;
+  double lr = 1e-3;             // peak
+  int64_t warmup = 0;           // linear warmup steps: lr * (step + 1) / warmup
+  int64_t total = 1;            // steps of the run
+  double min_lr_ratio = 0.1;    // cosine/wsd decay to lr * min_lr_ratio
+  double decay_fraction = 0.2;  // wsd: the last fraction of steps decays linearly
+  // Learning rate for the 0-based optimizer step `step`.
+  double at(int64_t step) const;
+};
+
+// ---- data (src/train/data.cc, src/train/sft.cc) ----
+
+// A flat sequence of token ids: a memory-mapped token file from `corelm tokenize` (uint16/uint32
+// plus its "<file>.json" sidecar) or ids held in memory.
+class TokenDataset {
+ public:
+  static TokenDataset open(const std::string& token_file);  // IOError/FormatError naming the file
+  static TokenDataset from_ids(std::vector<TokenId> ids);
+  // Each text file is encoded in full (with `threads` threads) and the ids concatenated.
+  static TokenDataset from_text_files(const Tokenizer& tokenizer, const std::vector<std::string>& files,
+                                      int threads = 1);
+
+  int64_t size() const { return size_; }
+  TokenId operator[](int64_t i) const;
+  int64_t vocab_bound() const;  // 1 + the largest id (scans once; cached)
+
+ private:
+  std::shared_ptr<const void> keep_;  // mmap or vector owner
+  const void* data_ = nullptr;
+  int dtype_bytes_ = 4;
+  int64_t size_ = 0;
+  mutable int64_t vocab_bound_ = -1;
+};
+
+// One training/validation batch: ids [B, T] i64 and targets [B, T] i64 (-100 = no loss).
+struct Batch {
+  Tensor ids, targets;
+  int64_t tokens() const { return ids.defined() ? ids.numel() : 0; }
+};
+
+// A seeded source of batches whose whole position is in state() (for exact resume).
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual Batch next(int64_t batch, int64_t seq) = 0;
+  virtual Generator::State state() const = 0;
+  virtual void set_state(const Generator::State& state) = 0;
+  virtual int64_t drawn() const = 0;  // rows drawn so far (the "data position")
+  virtual void set_drawn(int64_t rows) = 0;
+};
+
+// Pretraining: random contiguous windows of seq + 1 tokens within [begin, end) of a dataset.
+class WindowSampler : public BatchSource {
+ public:
+  WindowSampler(const TokenDataset& data, int64_t begin, int64_t end, uint64_t seed);
+  Batch next(int64_t batch, int64_t seq) override;
+  Generator::State state() const override { return gen_.state(); }
+  void set_state(const Generator::State& s) override { gen_.set_state(s); }
+  int64_t drawn() const override { return drawn_; }
+  void set_drawn(int64_t rows) override { drawn_ = rows; }
+
+ private:
+  const TokenDataset& data_;
+  int64_t begin_, end_;
+  Generator gen_;
+  int64_t drawn_ = 0;
+};
+
+// The validation split: the last `fraction` of the tokens (at least one window of seq + 1).
+struct Split {
+  int64_t train_end = 0;  // train = [0, train_end), validation = [train_end, size)
+};
+Split split_tokens(int64_t size, double val_fraction, int64_t seq);
+
+// Non-overlapping windows of seq + 1 tokens with stride seq over [begin, end), batched: every
+// token after `begin` is a target exactly once (the last window may be shorter; its row is
+// padded with ignored targets). Used for validation and `corelm eval`.
+std::vector<Batch> sequential_batches(const TokenDataset& data, int64_t begin, int64_t end, int64_t batch,
+                                      int64_t seq, int64_t max_batches = -1);
+
+// Supervised fine-tuning pairs {"input": ..., "output": ...} (one JSON object per line).
+struct SftPair {
+  std::vector<TokenId> input, output;
+};
+// Encodes each pair (output followed by EOS when the tokenizer has one). Malformed lines ->
+// FormatError "FILE:LINE: ...". Blank lines are skipped.
+std::vector<SftPair> load_sft_pairs(const std::string& path, const Tokenizer& tokenizer);
+
+// One pair per row (no cross-pair packing: the causal attention op cannot keep attention inside
+// a pair), truncated to seq + 1 tokens, padded; targets are -100 on input and padding tokens.
+Batch make_sft_batch(const std::vector<const SftPair*>& pairs, int64_t seq, TokenId pad_id);
+
+class SftSampler : public BatchSource {
+ public:
+  SftSampler(const std::vector<SftPair>& pairs, size_t begin, size_t end, TokenId pad_id, uint64_t seed);
+  Batch next(int64_t batch, int64_t seq) override;
+  Generator::State state() const override { return gen_.state(); }
+  void set_state(const Generator::State& s) override { gen_.set_state(s); }
+  int64_t drawn() const override { return drawn_; }
+  void set_drawn(int64_t rows) override { drawn_ = rows; }
+
+ private:
+  const std::vector<SftPair>& pairs_;
+  size_t begin_, end_;
+  TokenId pad_;
+  Generator gen_;
+  int64_t drawn_ = 0;
+};
+
+// ---- the loop (src/train/trainer.cc) and checkpoints (src/train/checkpoint.cc) ----
+
+struct TrainOptions {
+  std::string out_dir;       // checkpoints + train_log.jsonl
+  int64_t steps = 100;       // optimizer steps of the whole run (the schedule's length)
+  int64_t stop_at = 0;       // > 0: stop (and checkpoint) after this step, as an interruption would
+  double time_budget_s = 0;  // > 0: stop (and checkpoint) once this much wall time has passed
+  int64_t batch = 8, seq = 128, grad_accum = 1;
+  Schedule schedule;         // total is set to `steps`
+  float weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float clip = 1.0f;         // global-norm clipping; <= 0 disables
+  int64_t eval_every = 0;    // validation loss (and a sample) every N steps; 0: only at the end
+  int64_t eval_batches = 8;  // validation batches per evaluation (sequential windows)
+  int64_t save_every = 0;    // checkpoint every N steps; always at the end
+  int64_t log_every = 10;    // progress line period when stderr is not a terminal
+  int sample_tokens = 32;    // greedy tokens generated after each evaluation (0: none)
+  std::string sample_prompt; // empty: the first 8 validation tokens
+  uint64_t seed = 0;
+  bool resume = false;
+  bool progress = true;      // progress line on stderr
+};
+
+struct CurvePoint {
+  int64_t step = 0;
+  double train_loss = 0, val_loss = 0;  // val_loss NaN when not evaluated at that step
+};
+
+struct TrainResult {
+  int64_t start_step = 0, end_step = 0;
+  double last_train_loss = 0, last_val_loss = 0;
+  double tokens_per_s = 0;  // over the steps of this run (excluding evaluation and saving)
+  int64_t tokens_seen = 0;
+  std::vector<CurvePoint> curve;  // one point per evaluation
+};
+
+// Trains `model` in place. `tokenizer_json` (the tokenizer's file) is copied into each
+// checkpoint; `tokenizer` (may be null) decodes the sample generations. `val` may be null.
+// With options.resume, the checkpoint in out_dir (if any) is loaded first: weights, optimizer
+// state, step, sampler state; training then continues exactly as if it had never stopped.
+TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Batch>* val,
+                  const Tokenizer* tokenizer, const std::string& tokenizer_json, const TrainOptions& options);
+
+// Mean loss over batches (no gradient); sums per-token NLL so it is exact over ragged batches.
+struct EvalResult {
+  double mean_loss = 0;
+  int64_t tokens = 0;
+};
+EvalResult evaluate(const model::Decoder& model, const std::vector<Batch>& batches);
+
+// Greedy continuation of `prompt` (recomputes the whole sequence per token; no KV cache).
+std::vector<TokenId> greedy_generate(const model::Decoder& model, std::vector<TokenId> prompt, int new_tokens,
+                                     std::optional<TokenId> eos = std::nullopt);
+
+// The trainer's resumable state (trainer_state.json).
+struct TrainerState {
+  int64_t step = 0;  // optimizer steps done
+  int64_t tokens_seen = 0;
+  int64_t rows_drawn = 0;
+  Generator::State sampler{};
+  uint64_t seed = 0;
+  std::string schedule;
+  double lr = 0;
+};
+
+// Writes DIR/model.safetensors, config.json, tokenizer.json (copy of `tokenizer_json`, if not
+// empty), optimizer.safetensors and trainer_state.json, each atomically; trainer_state.json last,
+// so a checkpoint whose files disagree on the step is detected on load.
+void save_checkpoint(const std::string& dir, const model::Decoder& model, const std::vector<Tensor>& exp_avg,
+                     const std::vector<Tensor>& exp_avg_sq, const TrainerState& state,
+                     const std::string& tokenizer_json);
+bool has_checkpoint(const std::string& dir);
+// Loads weights into `model` and optimizer moments into exp_avg/exp_avg_sq (same order as
+// model.named_parameters()); returns the state. FormatError when files are missing or disagree.
+TrainerState load_checkpoint(const std::string& dir, model::Decoder& model, std::vector<Tensor>& exp_avg,
+                             std::vector<Tensor>& exp_avg_sq);
+
+// Weight decay applies to matrices and embeddings, not to norms and biases.
+bool decays(const std::string& param_name);
+
+}  // namespace corelm::train

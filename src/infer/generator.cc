@@ -1,0 +1,275 @@
+// TextGenerator: prompts are prefilled through the KV cache (rows of different lengths padded on
+// the right in one forward, then each row's length set back to its own, so padding is never
+// attended to and is overwritten by the next token), then every unfinished row advances one
+// token per forward. Finished rows leave the batch. Each row owns its sampler and streaming
+// decoder, so a prompt's output does not depend on the other prompts in the batch.
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+#include "corelm/autograd.h"
+#include "corelm/error.h"
+#include "corelm/generate.h"
+
+namespace corelm::infer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// One sequence being generated.
+struct Row {
+  std::vector<TokenId> context;  // prompt + generated
+  int64_t prompt_len = 0;
+  Sampler sampler;
+  StreamingDecoder decoder;
+  std::string text;   // decoded so far (cut at a stop string once one appears)
+  size_t streamed = 0;
+  bool finished = false;
+  GenerationResult result;
+  Row(const SamplingOptions& s, uint64_t seed, const Tokenizer& tok) : sampler(s, seed), decoder(tok, true) {}
+};
+
+class Session {
+ public:
+  Session(const model::Decoder& decoder, const Tokenizer& tokenizer, const GenerateOptions& options,
+          const StreamCallback& on_text)
+      : decoder_(decoder), tok_(tokenizer), opt_(options), on_text_(on_text) {
+    const auto& config = decoder.config();
+    context_ = config.max_position_embeddings;
+    vocab_ = config.vocab_size;
+    allowed_vocab_ = std::min<int64_t>(vocab_, static_cast<int64_t>(tok_.vocab_size()));
+    if (opt_.stop_at_eos) {
+      if (tok_.eos_id()) eos_.push_back(*tok_.eos_id());
+      if (config.eos_token_id >= 0) eos_.push_back(static_cast<TokenId>(config.eos_token_id));
+    }
+  }
+
+  std::vector<GenerationResult> run(const std::vector<std::vector<TokenId>>& prompts) {
+    rows_.reserve(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) add_row(i, prompts[i]);
+    if (rows_.empty()) return {};
+    autograd::NoGradGuard no_grad;
+    model::KVCache cache(decoder_.config(), static_cast<int64_t>(rows_.size()), context_);
+
+    auto t0 = Clock::now();
+    int64_t prefill_tokens = prefill(cache);
+    double prefill_s = seconds_since(t0);
+
+    t0 = Clock::now();
+    int64_t decode_tokens = 0;
+    std::vector<int64_t> active, ids;
+    std::vector<float> scratch(static_cast<size_t>(vocab_));
+    for (;;) {
+      active.clear();
+      ids.clear();
+      for (size_t r = 0; r < rows_.size(); ++r)
+        if (!rows_[r].finished) {
+          active.push_back(static_cast<int64_t>(r));
+          ids.push_back(rows_[r].context.back());
+        }
+      if (active.empty()) break;
+      Tensor logits = decoder_.forward_cached(Tensor::from_vector(ids, {static_cast<int64_t>(ids.size()), 1}), cache, active)
+                          .contiguous();
+      const float* data = logits.data<float>();
+      for (size_t b = 0; b < active.size(); ++b) {
+        std::copy_n(data + b * vocab_, vocab_, scratch.begin());
+        accept(active[b], scratch);
+        ++decode_tokens;
+      }
+    }
+    double decode_s = seconds_since(t0);
+
+    std::vector<GenerationResult> out;
+    out.reserve(rows_.size());
+    for (Row& row : rows_) {
+      GenerationResult& r = row.result;
+      r.text = std::move(row.text);
+      r.prompt_tokens = row.prompt_len;
+      r.prefill_seconds = prefill_s;
+      r.decode_seconds = decode_s;
+      r.prefill_tok_s = prefill_s > 0 ? prefill_tokens / prefill_s : 0;
+      r.decode_tok_s = decode_s > 0 ? decode_tokens / decode_s : 0;
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+
+ private:
+  void add_row(size_t index, std::vector<TokenId> ids) {
+    CORELM_CHECK(!ids.empty(), ValueError, "prompt ", index, " is empty (0 tokens): give at least one token");
+    const int64_t n = static_cast<int64_t>(ids.size());
+    bool truncated = false;
+    if (n > context_) {
+      const int64_t keep = std::max<int64_t>(1, context_ - opt_.max_new_tokens);
+      CORELM_CHECK(opt_.truncate == Truncate::Left, ValueError, "prompt", prompts_label(index), " has ", n,
+                   " tokens, context is ", context_, "; use --truncate left to keep the last ", keep, " tokens");
+      ids.erase(ids.begin(), ids.end() - keep);
+      truncated = true;
+    }
+    for (TokenId id : ids)
+      CORELM_CHECK(id >= 0 && id < vocab_, ValueError, "prompt ", index, ": token id ", id,
+                   " is outside the model's vocabulary (", vocab_, ")");
+    Row& row = rows_.emplace_back(opt_.sampling, opt_.seed, tok_);
+    row.prompt_len = static_cast<int64_t>(ids.size());
+    row.context = std::move(ids);
+    row.result.truncated = truncated;
+    // SentencePiece decoders drop the leading space of a text's first token; the generated text
+    // continues the prompt, so the decoder is told the prompt has already started the text.
+    if (tok_.strips_leading_space())
+      for (TokenId id : row.context) row.decoder.push(id);
+    // Sequence length (prompt + generated) never exceeds the context.
+    if (opt_.max_new_tokens == 0 || row.prompt_len >= context_) finish(row, "length");
+  }
+
+  std::string prompts_label(size_t index) const { return " " + std::to_string(index); }
+
+  // Right-padded batched prefill; chunks of rows keep the [rows, T, V] logits bounded.
+  int64_t prefill(model::KVCache& cache) {
+    std::vector<int64_t> pending;
+    for (size_t r = 0; r < rows_.size(); ++r)
+      if (!rows_[r].finished) pending.push_back(static_cast<int64_t>(r));
+    int64_t tokens = 0;
+    std::vector<float> scratch(static_cast<size_t>(vocab_));
+    size_t begin = 0;
+    while (begin < pending.size()) {
+      size_t end = begin;
+      int64_t t_max = 0;
+      while (end < pending.size()) {
+        int64_t t = std::max(t_max, rows_[pending[end]].prompt_len);
+        if (end > begin && static_cast<int64_t>(end - begin + 1) * t * vocab_ > opt_.max_prefill_floats) break;
+        t_max = t;
+        ++end;
+      }
+      std::vector<int64_t> rows(pending.begin() + begin, pending.begin() + end);
+      const int64_t b = static_cast<int64_t>(rows.size());
+      std::vector<int64_t> ids(static_cast<size_t>(b * t_max), 0);
+      for (int64_t i = 0; i < b; ++i) {
+        const Row& row = rows_[rows[i]];
+        std::copy(row.context.begin(), row.context.end(), ids.begin() + i * t_max);
+      }
+      Tensor logits = decoder_.forward_cached(Tensor::from_vector(ids, {b, t_max}), cache, rows).contiguous();
+      const float* data = logits.data<float>();
+      for (int64_t i = 0; i < b; ++i) {
+        Row& row = rows_[rows[i]];
+        cache.set_length(rows[i], row.prompt_len);  // forget the padding
+        tokens += row.prompt_len;
+        std::copy_n(data + (i * t_max + row.prompt_len - 1) * vocab_, vocab_, scratch.begin());
+        accept(rows[i], scratch);
+      }
+      begin = end;
+    }
+    return tokens;
+  }
+
+  // Samples the next token of row r from its logits and applies every stopping rule.
+  void accept(int64_t r, std::vector<float>& logits) {
+    Row& row = rows_[r];
+    TokenId tok = row.sampler.sample(logits, row.context, allowed_vocab_);
+    row.context.push_back(tok);
+    row.result.tokens.push_back(tok);
+    if (std::find(eos_.begin(), eos_.end(), tok) != eos_.end()) {
+      append_text(row, row.decoder.flush());
+      if (!row.finished) finish(row, "stop");
+      return;
+    }
+    append_text(row, row.decoder.push(tok));
+    if (row.finished) return;
+    const bool out_of_budget = static_cast<int64_t>(row.result.tokens.size()) >= opt_.max_new_tokens ||
+                               static_cast<int64_t>(row.context.size()) >= context_;
+    if (out_of_budget) {
+      append_text(row, row.decoder.flush());
+      if (!row.finished) finish(row, "length");
+    } else {
+      emit(row);
+    }
+  }
+
+  // Adds decoded text and cuts it at the first stop string, if one has appeared.
+  void append_text(Row& row, const std::string& piece) {
+    if (piece.empty() || row.finished) return;
+    const size_t old_len = row.text.size();
+    row.text += piece;
+    size_t cut = std::string::npos;
+    for (const auto& s : opt_.stop) {
+      size_t from = old_len >= s.size() ? old_len - s.size() + 1 : 0;
+      size_t pos = row.text.find(s, from);
+      if (pos != std::string::npos) cut = std::min(cut, pos);
+    }
+    if (cut != std::string::npos) {
+      row.text.resize(std::max(cut, row.streamed));
+      finish(row, "stop");
+    }
+  }
+
+  void finish(Row& row, const char* reason) {
+    row.finished = true;
+    row.result.finish_reason = reason;
+    emit(row);
+  }
+
+  // Streams the text that is final: all of it once the row is done, otherwise everything but the
+  // longest tail that could still grow into a stop string (that tail starts a character, because
+  // it equals the start of a valid UTF-8 stop string).
+  void emit(Row& row) {
+    size_t upto = row.text.size();
+    if (!row.finished) {
+      for (const auto& s : opt_.stop) {
+        for (size_t k = std::min(s.size() - 1, row.text.size()); k > 0; --k) {
+          if (row.text.compare(row.text.size() - k, k, s, 0, k) == 0) {
+            upto = std::min(upto, row.text.size() - k);
+            break;
+          }
+        }
+      }
+    }
+    if (upto > row.streamed) {
+      if (on_text_) on_text_(static_cast<size_t>(&row - rows_.data()), std::string_view(row.text).substr(row.streamed, upto - row.streamed));
+      row.streamed = upto;
+    }
+  }
+
+  const model::Decoder& decoder_;
+  const Tokenizer& tok_;
+  const GenerateOptions& opt_;
+  const StreamCallback& on_text_;
+  int64_t context_ = 0, vocab_ = 0, allowed_vocab_ = 0;
+  std::vector<TokenId> eos_;
+  std::vector<Row> rows_;
+};
+
+}  // namespace
+
+TextGenerator::TextGenerator(const model::Decoder& decoder, const Tokenizer& tokenizer)
+    : decoder_(decoder), tokenizer_(tokenizer) {}
+
+int64_t TextGenerator::context() const { return decoder_.config().max_position_embeddings; }
+
+std::vector<GenerationResult> TextGenerator::generate_ids(const std::vector<std::vector<TokenId>>& prompts,
+                                                          const GenerateOptions& options,
+                                                          const StreamCallback& on_text) const {
+  options.sampling.validate();
+  CORELM_CHECK(options.max_new_tokens >= 0, ValueError, "max_new_tokens must be >= 0 (got ", options.max_new_tokens, ")");
+  for (const auto& s : options.stop) CORELM_CHECK(!s.empty(), ValueError, "stop strings must not be empty");
+  Session session(decoder_, tokenizer_, options, on_text);
+  return session.run(prompts);
+}
+
+std::vector<GenerationResult> TextGenerator::generate(const std::vector<std::string>& prompts,
+                                                      const GenerateOptions& options,
+                                                      const StreamCallback& on_text) const {
+  EncodeOptions enc;
+  enc.add_special = options.add_special;
+  std::vector<std::vector<TokenId>> ids;
+  ids.reserve(prompts.size());
+  for (const auto& p : prompts) ids.push_back(tokenizer_.encode(p, enc));
+  return generate_ids(ids, options, on_text);
+}
+
+GenerationResult TextGenerator::generate(const std::string& prompt, const GenerateOptions& options,
+                                         const StreamCallback& on_text) const {
+  return std::move(generate(std::vector<std::string>{prompt}, options, on_text).front());
+}
+
+}  // namespace corelm::infer

@@ -1,0 +1,273 @@
+// ModelConfig: HF config.json <-> struct, validation, presets and parameter counts.
+#include <fstream>
+#include <sstream>
+
+#include "corelm/error.h"
+#include "corelm/model.h"
+#include "corelm/safetensors.h"
+
+namespace corelm::model {
+
+using nlohmann::json;
+
+namespace {
+
+std::string type_of(const json& v) { return v.type_name(); }
+
+struct Reader {
+  const json& j;
+  const std::string& source;
+
+  std::string where(const std::string& field) const { return source + ": field '" + field + "'"; }
+
+  bool has(const std::string& field) const { return j.contains(field) && !j.at(field).is_null(); }
+
+  int64_t integer(const std::string& field) const {
+    CORELM_CHECK(has(field), FormatError, source, ": missing required field '", field, "'");
+    return integer_value(field, j.at(field));
+  }
+  int64_t integer_or(const std::string& field, int64_t fallback) const {
+    return has(field) ? integer_value(field, j.at(field)) : fallback;
+  }
+  int64_t integer_value(const std::string& field, const json& v) const {
+    // JSON writers sometimes emit 64.0 for an integer; accept exact integral floats.
+    if (v.is_number_float()) {
+      double d = v.get<double>();
+      CORELM_CHECK(d == static_cast<double>(static_cast<int64_t>(d)), FormatError, where(field),
+                   " must be an integer, got ", v.dump());
+      return static_cast<int64_t>(d);
+    }
+    CORELM_CHECK(v.is_number_integer(), FormatError, where(field), " must be an integer, got ", type_of(v), " ",
+                 v.dump());
+    return v.get<int64_t>();
+  }
+  double number_or(const std::string& field, double fallback) const {
+    if (!has(field)) return fallback;
+    const json& v = j.at(field);
+    CORELM_CHECK(v.is_number(), FormatError, where(field), " must be a number, got ", type_of(v), " ", v.dump());
+    return v.get<double>();
+  }
+  bool boolean_or(const std::string& field, bool fallback) const {
+    if (!has(field)) return fallback;
+    const json& v = j.at(field);
+    CORELM_CHECK(v.is_boolean(), FormatError, where(field), " must be true or false, got ", type_of(v), " ",
+                 v.dump());
+    return v.get<bool>();
+  }
+  std::string string_or(const std::string& field, const std::string& fallback) const {
+    if (!has(field)) return fallback;
+    const json& v = j.at(field);
+    CORELM_CHECK(v.is_string(), FormatError, where(field), " must be a string, got ", type_of(v), " ", v.dump());
+    return v.get<std::string>();
+  }
+  // bos/eos ids: an integer, null, or (Llama 3 style) a list whose first entry is used.
+  int64_t token_id(const std::string& field) const {
+    if (!has(field)) return -1;
+    const json& v = j.at(field);
+    if (v.is_array()) return v.empty() ? -1 : integer_value(field, v.at(0));
+    return integer_value(field, v);
+  }
+};
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
+  CORELM_CHECK(j.is_object(), FormatError, source, ": a model config must be a JSON object, got ", j.type_name());
+  Reader r{j, source};
+  ModelConfig c;
+  std::string type = r.string_or("model_type", "");
+  if (type.empty() && j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
+    std::string arch = j["architectures"][0].get<std::string>();
+    if (arch.rfind("Qwen2", 0) == 0) type = "qwen2";
+    if (arch.rfind("Llama", 0) == 0) type = "llama";
+  }
+  CORELM_CHECK(!type.empty(), FormatError, source, ": missing required field 'model_type' (\"llama\" or \"qwen2\")");
+  CORELM_CHECK(type == "llama" || type == "qwen2", FormatError, source, ": field 'model_type' is '", type,
+               "'; supported: llama, qwen2");
+  c.model_type = type;
+
+  c.vocab_size = r.integer("vocab_size");
+  c.hidden_size = r.integer("hidden_size");
+  c.intermediate_size = r.integer("intermediate_size");
+  c.num_hidden_layers = r.integer("num_hidden_layers");
+  c.num_attention_heads = r.integer("num_attention_heads");
+  // HF defaults for the optional fields.
+  c.num_key_value_heads = r.integer_or("num_key_value_heads", c.num_attention_heads);
+  c.head_dim = r.integer_or("head_dim", 0);
+  c.rope_theta = r.number_or("rope_theta", 10000.0);
+  c.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6);
+  c.max_position_embeddings = r.integer_or("max_position_embeddings", type == "qwen2" ? 32768 : 2048);
+  c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", false);
+  c.attention_bias = type == "qwen2" ? true : r.boolean_or("attention_bias", false);
+  c.torch_dtype = r.string_or("torch_dtype", "float32");
+  c.initializer_range = r.number_or("initializer_range", 0.02);
+  c.bos_token_id = r.token_id("bos_token_id");
+  c.eos_token_id = r.token_id("eos_token_id");
+
+  // Features the decoder does not implement: refuse rather than silently compute something else.
+  std::string act = r.string_or("hidden_act", "silu");
+  CORELM_CHECK(act == "silu", FormatError, source, ": field 'hidden_act' is '", act, "'; only silu is supported");
+  CORELM_CHECK(!r.has("rope_scaling"), FormatError, source,
+               ": field 'rope_scaling' is not supported (only plain RoPE)");
+  CORELM_CHECK(!r.boolean_or("use_sliding_window", false), FormatError, source,
+               ": field 'use_sliding_window' = true is not supported");
+  CORELM_CHECK(!r.boolean_or("mlp_bias", false), FormatError, source, ": field 'mlp_bias' = true is not supported");
+  for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts"})
+    CORELM_CHECK(!r.has(moe) || r.integer(moe) <= 1, FormatError, source, ": field '", moe,
+                 "' (mixture of experts) is not supported");
+
+  if (c.head_dim == 0) {
+    CORELM_CHECK(c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0, ValueError, source,
+                 ": num_attention_heads (", c.num_attention_heads, ") does not divide hidden_size (", c.hidden_size,
+                 ")");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  try {
+    c.validate();
+  } catch (const ValueError& e) {
+    throw ValueError(source + ": " + e.what());
+  }
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  CORELM_CHECK(in, IOError, "cannot open model config '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw FormatError(path + ": not valid JSON: " + e.what());
+  }
+  return from_json(j, path);
+}
+
+json ModelConfig::to_json() const {
+  const bool qwen = model_type == "qwen2";
+  json j;
+  j["architectures"] = json::array({qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = model_type;
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["hidden_act"] = "silu";
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = nullptr;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["initializer_range"] = initializer_range;
+  j["attention_dropout"] = 0.0;
+  j["torch_dtype"] = torch_dtype;
+  j["use_cache"] = true;
+  j["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);
+  j["eos_token_id"] = eos_token_id >= 0 ? json(eos_token_id) : json(nullptr);
+  if (qwen) {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = max_position_embeddings;
+    j["max_window_layers"] = num_hidden_layers;
+  } else {
+    j["attention_bias"] = attention_bias;
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  }
+  return j;
+}
+
+void ModelConfig::save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
+
+void ModelConfig::validate() const {
+  auto positive = [](int64_t v, const char* field) {
+    CORELM_CHECK(v > 0, ValueError, "model config: ", field, " must be positive, got ", v);
+  };
+  CORELM_CHECK(model_type == "llama" || model_type == "qwen2", ValueError, "model config: model_type '", model_type,
+               "' is not supported (llama, qwen2)");
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(max_position_embeddings, "max_position_embeddings");
+  CORELM_CHECK(vocab_size <= (int64_t{1} << 31) - 1, ValueError, "model config: vocab_size ", vocab_size,
+               " does not fit 32-bit token ids");
+  if (head_dim == 0) {
+    CORELM_CHECK(hidden_size % num_attention_heads == 0, ValueError, "model config: num_attention_heads (",
+                 num_attention_heads, ") does not divide hidden_size (", hidden_size, ")");
+  } else {
+    CORELM_CHECK(head_dim > 0, ValueError, "model config: head_dim must be positive, got ", head_dim);
+  }
+  const int64_t d = head_dim == 0 ? hidden_size / num_attention_heads : head_dim;
+  CORELM_CHECK(d % 2 == 0, ValueError, "model config: head_dim ", d, " must be even for rotary embeddings");
+  CORELM_CHECK(num_attention_heads % num_key_value_heads == 0, ValueError, "model config: num_key_value_heads (",
+               num_key_value_heads, ") does not divide num_attention_heads (", num_attention_heads, ")");
+  CORELM_CHECK(rope_theta > 0, ValueError, "model config: rope_theta must be positive, got ", rope_theta);
+  CORELM_CHECK(rms_norm_eps > 0, ValueError, "model config: rms_norm_eps must be positive, got ", rms_norm_eps);
+  CORELM_CHECK(model_type != "qwen2" || attention_bias, ValueError,
+               "model config: qwen2 models have q/k/v biases (attention_bias must be true)");
+}
+
+int64_t ModelConfig::num_parameters(bool include_embeddings) const {
+  const int64_t d = head_dim == 0 ? hidden_size / num_attention_heads : head_dim;
+  const int64_t q = num_attention_heads * d, kv = num_key_value_heads * d;
+  int64_t attn = hidden_size * q + 2 * hidden_size * kv + q * hidden_size;
+  if (attention_bias) attn += q + 2 * kv + (model_type == "llama" ? hidden_size : 0);
+  const int64_t mlp = 3 * hidden_size * intermediate_size;
+  const int64_t per_layer = attn + mlp + 2 * hidden_size;
+  int64_t n = num_hidden_layers * per_layer + hidden_size;
+  if (include_embeddings) n += vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2);
+  return n;
+}
+
+std::vector<std::string> ModelConfig::preset_names() { return {"tiny", "small", "smollm2-135m"}; }
+
+ModelConfig ModelConfig::preset(const std::string& name) {
+  ModelConfig c;
+  c.model_type = "llama";
+  c.tie_word_embeddings = true;
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = 1e-5;
+  c.head_dim = 64;
+  if (name == "tiny") {
+    c.vocab_size = 16384;
+    c.hidden_size = 256;
+    c.num_hidden_layers = 6;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.intermediate_size = 640;
+    c.max_position_embeddings = 512;
+  } else if (name == "small") {
+    c.vocab_size = 32000;
+    c.hidden_size = 512;
+    c.num_hidden_layers = 8;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 4;
+    c.intermediate_size = 1536;
+    c.max_position_embeddings = 1024;
+  } else if (name == "smollm2-135m") {
+    c.vocab_size = 49152;
+    c.hidden_size = 576;
+    c.num_hidden_layers = 30;
+    c.num_attention_heads = 9;
+    c.num_key_value_heads = 3;
+    c.intermediate_size = 1536;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 100000.0;
+    c.initializer_range = 0.041666666666666664;
+  } else {
+    std::string names;
+    for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+    throw ValueError("unknown model preset '" + name + "' (available: " + names + ")");
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace corelm::model

@@ -1,0 +1,287 @@
+// Decoder: the Llama/Qwen2 forward pass written with the differentiable ops, so training gets
+// its backward from autograd; forward_cached reuses the same layer code under NoGradGuard with
+// attention run per row against that row's slice of the KV cache.
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "corelm/autograd.h"
+#include "corelm/error.h"
+#include "corelm/model.h"
+#include "corelm/ops.h"
+#include "corelm/random.h"
+
+namespace corelm::model {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+void check_ids(const Tensor& ids, const char* fn) {
+  CORELM_CHECK(ids.defined(), ValueError, "Decoder::", fn, ": ids undefined");
+  CORELM_CHECK(ids.dtype() == DType::I32 || ids.dtype() == DType::I64, DTypeError, "Decoder::", fn,
+               ": ids must be i32 or i64, got ", dtype_name(ids.dtype()));
+  CORELM_CHECK(ids.dim() == 2, ShapeError, "Decoder::", fn, ": ids must be [B, T], got ", shape_str(ids.shape()));
+}
+
+}  // namespace
+
+Decoder::Decoder(ModelConfig config) : config_(std::move(config)) {
+  if (config_.head_dim == 0) {
+    config_.validate();  // names the failing field, e.g. heads not dividing hidden_size
+    config_.head_dim = config_.hidden_size / config_.num_attention_heads;
+  }
+  config_.validate();
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size, V = config_.vocab_size;
+  const int64_t Q = config_.q_dim(), KV = config_.kv_dim();
+  const bool bias = config_.attention_bias;
+  // Llama's attention_bias also puts a bias on o_proj; Qwen2 biases only q/k/v.
+  const bool o_bias = bias && config_.model_type == "llama";
+  auto add = [&](const std::string& name, const Shape& shape) {
+    index_[name] = params_.size();
+    params_.emplace_back(name, Tensor::zeros(shape));
+  };
+  // Same order as HF's named_parameters(): attention, mlp, then the two norms of each layer.
+  add("model.embed_tokens.weight", {V, H});
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    add(p + "self_attn.q_proj.weight", {Q, H});
+    if (bias) add(p + "self_attn.q_proj.bias", {Q});
+    add(p + "self_attn.k_proj.weight", {KV, H});
+    if (bias) add(p + "self_attn.k_proj.bias", {KV});
+    add(p + "self_attn.v_proj.weight", {KV, H});
+    if (bias) add(p + "self_attn.v_proj.bias", {KV});
+    add(p + "self_attn.o_proj.weight", {H, Q});
+    if (o_bias) add(p + "self_attn.o_proj.bias", {H});
+    add(p + "mlp.gate_proj.weight", {I, H});
+    add(p + "mlp.up_proj.weight", {I, H});
+    add(p + "mlp.down_proj.weight", {H, I});
+    add(p + "input_layernorm.weight", {H});
+    add(p + "post_attention_layernorm.weight", {H});
+  }
+  add("model.norm.weight", {H});
+  if (!config_.tie_word_embeddings) add("lm_head.weight", {V, H});
+  for (auto& [name, t] : params_)
+    if (ends_with(name, "norm.weight")) t.fill_(1.0);
+}
+
+void Decoder::init_weights(uint64_t seed) {
+  autograd::NoGradGuard no_grad;
+  Generator gen(seed);
+  for (auto& [name, t] : params_) {
+    if (ends_with(name, "norm.weight")) {
+      t.fill_(1.0);
+    } else if (ends_with(name, ".bias")) {
+      t.fill_(0.0);
+    } else {
+      t.copy_(Tensor::randn(t.shape(), gen, static_cast<float>(config_.initializer_range)));
+    }
+  }
+}
+
+std::vector<Tensor> Decoder::parameters() const {
+  std::vector<Tensor> out;
+  out.reserve(params_.size());
+  for (const auto& [name, t] : params_) out.push_back(t);
+  return out;
+}
+
+Tensor& Decoder::parameter(const std::string& name) {
+  auto it = index_.find(name);
+  CORELM_CHECK(it != index_.end(), IndexError, "Decoder: no parameter named '", name, "' (", params_.size(),
+               " parameters, e.g. '", params_.front().first, "')");
+  return params_[it->second].second;
+}
+
+bool Decoder::has_parameter(const std::string& name) const { return index_.count(name) != 0; }
+
+void Decoder::load_parameter(const std::string& name, const Tensor& value) {
+  Tensor& p = parameter(name);
+  CORELM_CHECK(value.defined(), ValueError, "Decoder::load_parameter '", name, "': undefined tensor");
+  CORELM_CHECK(value.shape() == p.shape(), ShapeError, "Decoder::load_parameter '", name, "': shape ",
+               shape_str(value.shape()), " does not match the model's ", shape_str(p.shape()));
+  CORELM_CHECK(is_floating(value.dtype()), DTypeError, "Decoder::load_parameter '", name, "': dtype ",
+               dtype_name(value.dtype()), " is not a float type");
+  autograd::NoGradGuard no_grad;
+  p.copy_(value);
+}
+
+void Decoder::set_requires_grad(bool value) {
+  for (auto& [name, t] : params_) t.set_requires_grad(value);
+}
+
+// ---------------------------------------------------------------- forward
+
+namespace {
+
+// Views of one layer's parameters, looked up once per forward.
+struct LayerWeights {
+  Tensor in_norm, q, q_b, k, k_b, v, v_b, o, o_b, post_norm, gate, up, down;
+};
+
+}  // namespace
+
+Tensor Decoder::forward(const Tensor& ids) const { return lm_head(forward_hidden(ids)); }
+
+Tensor Decoder::lm_head(const Tensor& hidden) const {
+  const Tensor& w = config_.tie_word_embeddings ? params_[index_.at("model.embed_tokens.weight")].second
+                                                : params_[index_.at("lm_head.weight")].second;
+  CORELM_CHECK(hidden.defined() && hidden.dim() >= 1 && hidden.size(-1) == config_.hidden_size, ShapeError,
+               "Decoder::lm_head: hidden must end in hidden_size ", config_.hidden_size, ", got ",
+               hidden.defined() ? shape_str(hidden.shape()) : std::string("undefined"));
+  Shape out_shape = hidden.shape();
+  out_shape.back() = config_.vocab_size;
+  Tensor flat = ops::reshape(hidden, {hidden.numel() / config_.hidden_size, config_.hidden_size});
+  return ops::reshape(ops::linear(flat, w), out_shape);
+}
+
+namespace {
+
+struct Ctx {
+  const ModelConfig& c;
+  const std::vector<std::pair<std::string, Tensor>>& params;
+  const std::map<std::string, size_t>& index;
+
+  Tensor get(const std::string& name) const { return params[index.at(name)].second; }
+  Tensor get_opt(const std::string& name) const {
+    auto it = index.find(name);
+    return it == index.end() ? Tensor() : params[it->second].second;
+  }
+  LayerWeights layer(int64_t l) const {
+    const std::string p = layer_prefix(l);
+    LayerWeights w;
+    w.in_norm = get(p + "input_layernorm.weight");
+    w.q = get(p + "self_attn.q_proj.weight");
+    w.q_b = get_opt(p + "self_attn.q_proj.bias");
+    w.k = get(p + "self_attn.k_proj.weight");
+    w.k_b = get_opt(p + "self_attn.k_proj.bias");
+    w.v = get(p + "self_attn.v_proj.weight");
+    w.v_b = get_opt(p + "self_attn.v_proj.bias");
+    w.o = get(p + "self_attn.o_proj.weight");
+    w.o_b = get_opt(p + "self_attn.o_proj.bias");
+    w.post_norm = get(p + "post_attention_layernorm.weight");
+    w.gate = get(p + "mlp.gate_proj.weight");
+    w.up = get(p + "mlp.up_proj.weight");
+    w.down = get(p + "mlp.down_proj.weight");
+    return w;
+  }
+  float eps() const { return static_cast<float>(c.rms_norm_eps); }
+  float theta() const { return static_cast<float>(c.rope_theta); }
+
+  // x [N, H] -> x + down(swiglu(gate(h), up(h))), h = post_norm(x).
+  Tensor mlp_block(const Tensor& x, const LayerWeights& w) const {
+    Tensor h = ops::rms_norm(x, w.post_norm, eps());
+    Tensor m = ops::swiglu(ops::linear(h, w.gate), ops::linear(h, w.up));
+    return ops::add(x, ops::linear(m, w.down));
+  }
+
+  // [B*T, heads*D] -> [B, heads, T, D]
+  Tensor split_heads(const Tensor& x, int64_t B, int64_t T, int64_t heads) const {
+    return ops::transpose(ops::reshape(x, {B, T, heads, c.head_dim}), 1, 2);
+  }
+  // [B, heads, T, D] -> [B*T, heads*D]
+  Tensor merge_heads(const Tensor& x, int64_t B, int64_t T) const {
+    return ops::reshape(ops::transpose(x, 1, 2), {B * T, x.size(1) * c.head_dim});
+  }
+};
+
+}  // namespace
+
+Tensor Decoder::forward_hidden(const Tensor& ids) const {
+  check_ids(ids, "forward");
+  const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
+  CORELM_CHECK(T <= config_.max_position_embeddings, ValueError, "Decoder::forward: sequence length ", T,
+               " exceeds max_position_embeddings ", config_.max_position_embeddings);
+  Ctx ctx{config_, params_, index_};
+  Tensor x = ops::reshape(ops::embedding(ctx.get("model.embed_tokens.weight"), ids), {B * T, H});
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const LayerWeights w = ctx.layer(l);
+    Tensor h = ops::rms_norm(x, w.in_norm, ctx.eps());
+    Tensor q = ops::rope(ctx.split_heads(ops::linear(h, w.q, w.q_b), B, T, config_.num_attention_heads), ctx.theta());
+    Tensor k = ops::rope(ctx.split_heads(ops::linear(h, w.k, w.k_b), B, T, config_.num_key_value_heads), ctx.theta());
+    Tensor v = ctx.split_heads(ops::linear(h, w.v, w.v_b), B, T, config_.num_key_value_heads);
+    Tensor a = ctx.merge_heads(ops::causal_attention(q, k, v), B, T);
+    x = ops::add(x, ops::linear(a, w.o, w.o_b));
+    x = ctx.mlp_block(x, w);
+  }
+  x = ops::rms_norm(x, ctx.get("model.norm.weight"), ctx.eps());
+  return ops::reshape(x, {B, T, H});
+}
+
+Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows) const {
+  check_ids(ids, "forward_cached");
+  autograd::NoGradGuard no_grad;
+  const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
+  const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
+  CORELM_CHECK(static_cast<int64_t>(rows.size()) == B, ValueError, "Decoder::forward_cached: ", rows.size(),
+               " cache rows given for a batch of ", B);
+  // The cache's layer count is not exposed; probing the last layer catches a cache built for a
+  // smaller model (std::vector::at throws).
+  try {
+    (void)cache.k(config_.num_hidden_layers - 1);
+  } catch (const std::out_of_range&) {
+    throw ValueError("Decoder::forward_cached: the cache has fewer layers than the model's " +
+                     std::to_string(config_.num_hidden_layers));
+  }
+  std::set<int64_t> distinct;
+  std::vector<int64_t> start(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t r = rows[static_cast<size_t>(b)];
+    CORELM_CHECK(r >= 0 && r < cache.batch(), IndexError, "Decoder::forward_cached: cache row ", r,
+                 " out of range for a cache of ", cache.batch(), " rows");
+    CORELM_CHECK(distinct.insert(r).second, ValueError, "Decoder::forward_cached: cache row ", r, " given twice");
+    start[static_cast<size_t>(b)] = cache.length(r);
+    CORELM_CHECK(cache.length(r) + T <= cache.capacity(), ValueError, "Decoder::forward_cached: row ", r, " holds ",
+                 cache.length(r), " tokens; appending ", T, " exceeds the cache capacity ", cache.capacity());
+  }
+  if (T == 0) return Tensor::zeros({B, 0, config_.vocab_size});
+  {
+    const Tensor& k0 = cache.k(0);
+    CORELM_CHECK(k0.dim() == 4 && k0.size(1) == Hkv && k0.size(3) == D, ShapeError,
+                 "Decoder::forward_cached: cache layout ", shape_str(k0.shape()), " does not match ", Hkv,
+                 " kv heads of dim ", D);
+  }
+
+  Ctx ctx{config_, params_, index_};
+  Tensor x = ops::reshape(ops::embedding(ctx.get("model.embed_tokens.weight"), ids), {B * T, H});
+  std::vector<Tensor> row_out(static_cast<size_t>(B));
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const LayerWeights w = ctx.layer(l);
+    // The projections run batched over all rows; only attention needs each row's own history.
+    Tensor h = ops::rms_norm(x, w.in_norm, ctx.eps());
+    Tensor q = ops::linear(h, w.q, w.q_b);
+    Tensor k = ops::linear(h, w.k, w.k_b);
+    Tensor v = ops::linear(h, w.v, w.v_b);
+    Tensor& kc = cache.k(l);
+    Tensor& vc = cache.v(l);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t r = rows[static_cast<size_t>(b)], s0 = start[static_cast<size_t>(b)];
+      auto row_of = [&](const Tensor& t, int64_t heads) {
+        return ctx.split_heads(t.slice(0, b * T, (b + 1) * T), 1, T, heads);
+      };
+      Tensor qb = ops::rope(row_of(q, Hq), ctx.theta(), s0);
+      Tensor kb = ops::rope(row_of(k, Hkv), ctx.theta(), s0);
+      Tensor vb = row_of(v, Hkv);
+      kc.slice(0, r, r + 1).slice(2, s0, s0 + T).copy_(kb);
+      vc.slice(0, r, r + 1).slice(2, s0, s0 + T).copy_(vb);
+      Tensor keys = kc.slice(0, r, r + 1).slice(2, 0, s0 + T);
+      Tensor values = vc.slice(0, r, r + 1).slice(2, 0, s0 + T);
+      row_out[static_cast<size_t>(b)] = ctx.merge_heads(ops::causal_attention(qb, keys, values), 1, T);
+    }
+    Tensor a = B == 1 ? row_out[0] : ops::concat(row_out, 0);
+    x = ops::add(x, ops::linear(a, w.o, w.o_b));
+    x = ctx.mlp_block(x, w);
+  }
+  x = ops::rms_norm(x, ctx.get("model.norm.weight"), ctx.eps());
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t r = rows[static_cast<size_t>(b)];
+    cache.set_length(r, start[static_cast<size_t>(b)] + T);
+  }
+  return lm_head(ops::reshape(x, {B, T, H}));
+}
+
+}  // namespace corelm::model

@@ -1,0 +1,66 @@
+// Causal scaled-dot-product attention with grouped-query heads (see ops.h for the contract).
+// The backward kernel recomputes the probabilities from q and k, so the forward saves only its
+// inputs.
+#include <cmath>
+#include <vector>
+
+#include "corelm/autograd.h"
+#include "corelm/ops.h"
+#include "kernels/cpu/reference/attention.h"
+#include "ops/op_checks.h"
+
+namespace corelm::ops {
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<float> scale) {
+  detail::check_f32("causal_attention", q, "q");
+  detail::check_f32("causal_attention", k, "k");
+  detail::check_f32("causal_attention", v, "v");
+  const auto shapes = [&] {
+    return ::corelm::detail::concat("q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
+                          shape_str(v.shape()));
+  };
+  CORELM_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, ShapeError,
+               "causal_attention: q, k, v must be 4-D [B, H, T, D]; got ", shapes());
+  CORELM_CHECK(k.shape() == v.shape(), ShapeError, "causal_attention: k and v must have the same shape; got ",
+               shapes());
+  CORELM_CHECK(q.size(0) == k.size(0), ShapeError, "causal_attention: batch sizes differ; got ", shapes());
+  CORELM_CHECK(q.size(3) == k.size(3), ShapeError, "causal_attention: head dims differ; got ", shapes());
+  CORELM_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, ShapeError,
+               "causal_attention: query heads must be a multiple of kv heads; got ", shapes());
+  CORELM_CHECK(k.size(2) >= q.size(2), ShapeError,
+               "causal_attention: kv length S must be >= query length T; got ", shapes());
+
+  kernels::reference::AttentionDims dims;
+  dims.batch = q.size(0);
+  dims.q_heads = q.size(1);
+  dims.kv_heads = k.size(1);
+  dims.q_len = q.size(2);
+  dims.kv_len = k.size(2);
+  dims.head_dim = q.size(3);
+  const float s = scale.value_or(dims.head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(dims.head_dim)) : 1.0f);
+
+  const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  Tensor out = Tensor::empty(q.shape());
+  if (out.numel() > 0) {
+    kernels::reference::causal_attention_forward(qc.data<float>(), kc.data<float>(), vc.data<float>(),
+                                                 out.data<float>(), dims, s);
+  }
+  if (autograd::needs_grad({q, k, v})) {
+    autograd::record(out, "causal_attention", {q, k, v},
+                     [sq = qc.detach(), sk = kc.detach(), sv = vc.detach(), dims, s](const Tensor& g) {
+                       const Tensor gc = g.contiguous();
+                       Tensor grad_q = Tensor::zeros(sq.shape());
+                       Tensor grad_k = Tensor::zeros(sk.shape());
+                       Tensor grad_v = Tensor::zeros(sv.shape());
+                       if (sq.numel() > 0 && sk.numel() > 0) {
+                         kernels::reference::causal_attention_backward(
+                             sq.data<float>(), sk.data<float>(), sv.data<float>(), gc.data<float>(),
+                             grad_q.data<float>(), grad_k.data<float>(), grad_v.data<float>(), dims, s);
+                       }
+                       return std::vector<Tensor>{grad_q, grad_k, grad_v};
+                     });
+  }
+  return out;
+}
+
+}  // namespace corelm::ops

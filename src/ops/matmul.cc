@@ -1,0 +1,122 @@
+// Batched matmul with transpose flags and broadcast batch dims, and nn.Linear on top of it.
+// Each batch item is one call of the GEMM kernel; batch dims of an operand that is broadcast
+// get stride 0, so it is never copied. When b has no batch dims the batch of a is folded into
+// the rows of a single GEMM.
+#include "corelm/autograd.h"
+#include "corelm/ops.h"
+#include "kernels/cpu/reference/gemm.h"
+#include "ops/op_checks.h"
+
+namespace corelm::ops {
+namespace {
+namespace ref = kernels::reference;
+
+Shape batch_of(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 2); }
+
+// Element strides of x's batch dims when read as `batch` (right-aligned, 0 where broadcast).
+Strides batch_strides(const Tensor& x, const Shape& batch) {
+  const Strides own = contiguous_strides(x.shape());
+  const size_t xb = x.shape().size() - 2, offset = batch.size() - xb;
+  Strides s(batch.size(), 0);
+  for (size_t d = 0; d < xb; ++d) s[offset + d] = x.shape()[d] == 1 ? 0 : own[d];
+  return s;
+}
+
+Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  detail::check_f32("matmul", a, "a");
+  detail::check_f32("matmul", b, "b");
+  CORELM_CHECK(a.dim() >= 2 && b.dim() >= 2, ShapeError,
+               "matmul: operands need at least 2 dims, got a ", shape_str(a.shape()), " and b ",
+               shape_str(b.shape()));
+  const int64_t M = ta ? a.size(-1) : a.size(-2), K = ta ? a.size(-2) : a.size(-1);
+  const int64_t Kb = tb ? b.size(-1) : b.size(-2), N = tb ? b.size(-2) : b.size(-1);
+  CORELM_CHECK(K == Kb, ShapeError, "matmul: inner dims differ: a ", shape_str(a.shape()),
+               (ta ? " (transposed)" : ""), " vs b ", shape_str(b.shape()),
+               (tb ? " (transposed)" : ""));
+  Shape batch;
+  try {
+    batch = broadcast_shapes(batch_of(a), batch_of(b));
+  } catch (const ShapeError&) {
+    throw ShapeError(::corelm::detail::concat("matmul: batch dims do not broadcast: a ", shape_str(a.shape()),
+                                    " vs b ", shape_str(b.shape())));
+  }
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  Tensor out = Tensor::empty(out_shape);
+  const Tensor ac = a.contiguous(), bc = b.contiguous();
+  const float* pa = ac.data<float>();
+  const float* pb = bc.data<float>();
+  float* pc = out.data<float>();
+  const int64_t lda = ac.size(-1), ldb = bc.size(-1);
+
+  if (b.dim() == 2 && !ta) {
+    // Rows of every batch item of a are rows of one tall [batch * M, K] matrix.
+    ref::gemm(false, tb, shape_numel(batch) * M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, N);
+    return out;
+  }
+  const Strides sa = batch_strides(ac, batch), sb = batch_strides(bc, batch);
+  const int64_t items = shape_numel(batch);
+  for (int64_t item = 0; item < items; ++item) {
+    int64_t rem = item, off_a = 0, off_b = 0;
+    for (int64_t d = static_cast<int64_t>(batch.size()) - 1; d >= 0; --d) {
+      const int64_t i = rem % batch[d];
+      rem /= batch[d];
+      off_a += i * sa[d];
+      off_b += i * sb[d];
+    }
+    ref::gemm(ta, tb, M, N, K, 1.0f, pa + off_a, lda, pb + off_b, ldb, 0.0f, pc + item * M * N, N);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  Tensor out = matmul_forward(a, b, transpose_a, transpose_b);
+  if (autograd::needs_grad({a, b})) {
+    const bool need_a = autograd::needs_grad({a}), need_b = autograd::needs_grad({b});
+    autograd::record(
+        out, "matmul", {a, b},
+        [a = a.detach(), b = b.detach(), ta = transpose_a, tb = transpose_b, need_a,
+         need_b](const Tensor& g) {
+          // With C = op(A) op(B): d op(A) = dC op(B)^T and d op(B) = op(A)^T dC; a transposed
+          // operand takes the transpose of that, written as one matmul with swapped flags.
+          Tensor ga, gb;
+          if (need_a) ga = sum_to(ta ? matmul(b, g, tb, true) : matmul(g, b, false, !tb), a.shape());
+          if (need_b && b.dim() == 2 && a.dim() > 2 && !ta) {
+            // Fold a's batch into rows (as the forward did), so dB is one GEMM rather than a
+            // per-item product materialised and then summed.
+            const Tensor a2 = reshape(a, {-1, a.size(-1)}), g2 = reshape(g, {-1, g.size(-1)});
+            gb = tb ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
+          } else if (need_b) {
+            gb = sum_to(tb ? matmul(g, a, true, ta) : matmul(a, g, !ta, false), b.shape());
+          }
+          return std::vector<Tensor>{ga, gb};
+        });
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_f32("linear", x, "x");
+  detail::check_f32("linear", weight, "weight");
+  CORELM_CHECK(weight.dim() == 2, ShapeError, "linear: weight must be [out, in], got ",
+               shape_str(weight.shape()));
+  CORELM_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), ShapeError,
+               "linear: x ", shape_str(x.shape()), " does not end in in_features of weight ",
+               shape_str(weight.shape()));
+  if (bias.defined()) {
+    detail::check_f32("linear", bias, "bias");
+    CORELM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), ShapeError, "linear: bias ",
+                 shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()));
+  }
+  // A 1-D x is one row; matmul wants at least 2 dims.
+  Tensor x2 = x.dim() == 1 ? reshape(x, {1, x.size(0)}) : x;
+  Tensor y = matmul(x2, weight, false, true);
+  if (bias.defined()) y = add(y, bias);
+  if (x.dim() == 1) y = reshape(y, {weight.size(0)});
+  return y;
+}
+
+}  // namespace corelm::ops

@@ -1,0 +1,228 @@
+// Encoding is delegated to libsentencepiece. Decoding uses our own per-token byte table (pieces
+// with "▁" as a space, <0xNN> byte pieces as raw bytes) so that decode() and the streaming
+// decoder agree byte for byte and partial UTF-8 from byte fallback is handled in one place.
+//
+// Invalid UTF-8 policy: sentencepiece would replace invalid bytes by U+FFFD and lose them, so we
+// encode each valid stretch separately (only the first, at offset 0, gets the dummy-prefix space)
+// and emit each invalid byte as its <0xNN> byte-fallback piece: bytes round-trip exactly.
+#include "tokenizer/spm_tokenizer.h"
+
+#include <sentencepiece_processor.h>
+
+#include <algorithm>
+#include <iterator>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "corelm/error.h"
+#include "tokenizer/file_io.h"
+#include "tokenizer/flat_map.h"
+#include "tokenizer/unicode.h"
+
+namespace corelm::tok {
+namespace {
+
+// Protobuf helpers for the one edit we need: a copy of the model with add_dummy_prefix = false
+// (NormalizerSpec field 3 inside ModelProto field 3). Appending the field wins over an earlier
+// value, so the submessage is copied with two bytes added and its length re-encoded.
+bool read_varint(const std::string& s, size_t& pos, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (pos >= s.size()) return false;
+    uint8_t b = static_cast<uint8_t>(s[pos++]);
+    v |= uint64_t(b & 0x7F) << shift;
+    if (!(b & 0x80)) return true;
+  }
+  return false;
+}
+void write_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+std::string without_dummy_prefix(const std::string& proto, const std::string& source) {
+  std::string out;
+  size_t pos = 0;
+  bool patched = false;
+  while (pos < proto.size()) {
+    size_t field_start = pos;
+    uint64_t key;
+    CORELM_CHECK(read_varint(proto, pos, key), FormatError, source, ": corrupt SentencePiece model (bad field key)");
+    uint32_t field = static_cast<uint32_t>(key >> 3), wire = key & 7;
+    size_t value_start = pos;
+    if (wire == 0) {
+      uint64_t v;
+      CORELM_CHECK(read_varint(proto, pos, v), FormatError, source, ": corrupt SentencePiece model");
+    } else if (wire == 1) {
+      pos += 8;
+    } else if (wire == 5) {
+      pos += 4;
+    } else if (wire == 2) {
+      uint64_t len;
+      CORELM_CHECK(read_varint(proto, pos, len) && len <= proto.size() - pos, FormatError, source,
+                   ": corrupt SentencePiece model (bad length)");
+      value_start = pos;
+      pos += len;
+      if (field == 3) {
+        std::string sub = proto.substr(value_start, len) + std::string("\x18\x00", 2);
+        write_varint(out, key);
+        write_varint(out, sub.size());
+        out += sub;
+        patched = true;
+        continue;
+      }
+    } else {
+      throw FormatError(source + ": corrupt SentencePiece model (wire type " + std::to_string(wire) + ")");
+    }
+    CORELM_CHECK(pos <= proto.size(), FormatError, source, ": corrupt SentencePiece model (truncated)");
+    out.append(proto, field_start, pos - field_start);
+  }
+  if (!patched) out += std::string("\x1a\x02\x18\x00", 4);  // normalizer_spec { add_dummy_prefix: false }
+  return out;
+}
+
+class SpmTokenizer final : public Tokenizer {
+ public:
+  SpmTokenizer(const std::string& path, const std::string& config_path) : source_(path) {
+    std::fill(std::begin(byte_piece_), std::end(byte_piece_), -1);
+    std::string proto = read_file(path);
+    auto status = sp_.LoadFromSerializedProto(proto);
+    CORELM_CHECK(status.ok(), FormatError, path, ": not a SentencePiece model: ", status.ToString());
+    status = sp_tail_.LoadFromSerializedProto(without_dummy_prefix(proto, path));
+    CORELM_CHECK(status.ok(), FormatError, path, ": SentencePiece model could not be re-read: ", status.ToString());
+    size_t n = static_cast<size_t>(sp_.GetPieceSize());
+    bytes_.resize(n);
+    special_.assign(n, false);
+    for (int id = 0; id < static_cast<int>(n); ++id) {
+      const std::string& piece = sp_.IdToPiece(id);
+      piece_ids_.insert(piece, id);
+      if (sp_.IsByte(id)) {
+        // "<0xNN>"
+        unsigned value = static_cast<unsigned>(std::stoul(piece.substr(3, 2), nullptr, 16));
+        bytes_[id] = std::string(1, static_cast<char>(value));
+        byte_piece_[value] = id;
+      } else if (sp_.IsControl(id)) {
+        bytes_[id] = piece;
+        special_[id] = true;
+      } else if (sp_.IsUnknown(id)) {
+        bytes_[id] = " \xE2\x81\x87 ";  // sentencepiece renders <unk> as " ⁇ "
+        special_[id] = true;
+      } else {
+        std::string text;
+        for (size_t i = 0; i < piece.size();) {
+          if (piece.compare(i, 3, "\xE2\x96\x81") == 0) { text.push_back(' '); i += 3; }
+          else text.push_back(piece[i++]);
+        }
+        bytes_[id] = text;
+      }
+    }
+    if (sp_.bos_id() >= 0) bos_ = sp_.bos_id();
+    if (sp_.eos_id() >= 0) eos_ = sp_.eos_id();
+    if (sp_.pad_id() >= 0) pad_ = sp_.pad_id();
+    bool add_bos = bos_.has_value(), add_eos = false;  // Llama convention: BOS yes, EOS no
+    if (file_exists(config_path)) {
+      nlohmann::json cfg;
+      try {
+        cfg = nlohmann::json::parse(read_file(config_path));
+      } catch (const nlohmann::json::exception& e) {
+        throw FormatError(config_path + ": invalid JSON: " + e.what());
+      }
+      if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) add_bos = cfg["add_bos_token"].get<bool>() && bos_;
+      if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean()) add_eos = cfg["add_eos_token"].get<bool>() && eos_;
+    }
+    if (add_bos) prefix_.push_back(*bos_);
+    if (add_eos) suffix_.push_back(*eos_);
+  }
+
+  std::vector<TokenId> encode(std::string_view text, const EncodeOptions& options) const override {
+    std::vector<TokenId> out;
+    encode_append(text, options, out);
+    return out;
+  }
+
+  void encode_append(std::string_view text, const EncodeOptions& options, std::vector<TokenId>& out) const override {
+    if (options.add_special) out.insert(out.end(), prefix_.begin(), prefix_.end());
+    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+    size_t n = text.size(), i = 0, run = 0;
+    auto flush_run = [&](size_t end) {
+      if (end <= run) return;
+      const sentencepiece::SentencePieceProcessor& sp = run == 0 ? sp_ : sp_tail_;
+      std::vector<int> ids;
+      auto status = sp.Encode(text.substr(run, end - run), &ids);
+      CORELM_CHECK(status.ok(), Error, source_, ": SentencePiece encode failed: ", status.ToString());
+      out.insert(out.end(), ids.begin(), ids.end());
+    };
+    while (i < n) {
+      int len;
+      uint32_t cp = decode_utf8(p + i, n - i, &len);
+      if (cp < kInvalidBase) { i += len; continue; }
+      flush_run(i);
+      CORELM_CHECK(byte_piece_[p[i]] >= 0, ValueError, "invalid UTF-8 at byte ", i, " and ", source_,
+                   " has no byte-fallback piece for it");
+      out.push_back(byte_piece_[p[i]]);
+      run = ++i;
+    }
+    flush_run(n);
+    if (options.add_special) out.insert(out.end(), suffix_.begin(), suffix_.end());
+  }
+
+  std::string decode(std::span<const TokenId> ids, bool skip_special) const override {
+    std::string out;
+    bool first = true;
+    for (TokenId id : ids) {
+      check_id(id);
+      if (skip_special && special_[id] && !sp_.IsUnknown(id)) continue;
+      std::string_view b = bytes_[id];
+      if (first && !b.empty() && !special_[id]) {
+        if (b[0] == ' ') b.remove_prefix(1);
+        first = false;
+      }
+      out += b;
+    }
+    return out;
+  }
+
+  std::string_view token_bytes(TokenId id) const override {
+    check_id(id);
+    return bytes_[id];
+  }
+  bool strips_leading_space() const override { return true; }
+  bool is_special(TokenId id) const override {
+    check_id(id);
+    return special_[id];
+  }
+  size_t vocab_size() const override { return bytes_.size(); }
+  std::optional<TokenId> token_to_id(std::string_view piece) const override {
+    int32_t id = piece_ids_.find(piece);
+    if (id < 0) return std::nullopt;
+    return id;
+  }
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "SentencePiece model " << source_ << ": " << bytes_.size() << " pieces";
+    return os.str();
+  }
+
+ private:
+  void check_id(TokenId id) const {
+    CORELM_CHECK(id >= 0 && static_cast<size_t>(id) < bytes_.size(), ValueError, "token id ", id,
+                 " is outside the vocabulary (size ", bytes_.size(), ") of ", source_);
+  }
+  std::string source_;
+  sentencepiece::SentencePieceProcessor sp_, sp_tail_;
+  std::vector<std::string> bytes_;
+  std::vector<bool> special_;
+  StringIdMap piece_ids_;
+  int32_t byte_piece_[256];
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path, const std::string& config_path) {
+  return std::make_unique<SpmTokenizer>(model_path, config_path);
+}
+
+}  // namespace corelm::tok

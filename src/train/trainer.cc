@@ -1,0 +1,298 @@
+// The training loop: micro-batches -> forward -> cross-entropy -> backward (accumulated) ->
+// global-norm clipping -> AdamW at the scheduled learning rate -> log, evaluate, checkpoint.
+// Nothing in the loop draws randomness except the batch source, whose state is checkpointed, so
+// a resumed run repeats the uninterrupted one bit for bit.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "corelm/autograd.h"
+#include "corelm/error.h"
+#include "corelm/ops.h"
+#include "corelm/optim.h"
+#include "corelm/train.h"
+
+namespace corelm::train {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t total = static_cast<int64_t>(s + 0.5);
+  char buf[32];
+  if (total >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(total / 3600),
+                  static_cast<long long>(total / 60 % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(total / 60), static_cast<long long>(total % 60));
+  return buf;
+}
+
+// Mean loss of one batch, scaled; the backward of the returned tensor accumulates into .grad().
+Tensor batch_loss(const model::Decoder& model, const Batch& b) {
+  Tensor logits = model.forward(b.ids);
+  const int64_t n = b.ids.numel(), vocab = logits.size(-1);
+  return ops::cross_entropy(ops::reshape(logits, {n, vocab}), b.targets.reshape({n}));
+}
+
+double global_grad_norm(const std::vector<Tensor>& params) {
+  double sumsq = 0;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    g = g.contiguous();
+    const float* d = g.data<float>();
+    for (int64_t i = 0, n = g.numel(); i < n; ++i) sumsq += static_cast<double>(d[i]) * d[i];
+  }
+  return std::sqrt(sumsq);
+}
+
+// torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+void clip_gradients(const std::vector<Tensor>& params, double norm, float max_norm) {
+  const float coef = static_cast<float>(static_cast<double>(max_norm) / (norm + 1e-6));
+  if (coef >= 1.0f) return;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor c = g.clone();
+    float* d = c.data<float>();
+    for (int64_t i = 0, n = c.numel(); i < n; ++i) d[i] *= coef;
+    Tensor(p).set_grad(c);
+  }
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\r' || c == '\t') out += ' ';
+    else out += c;
+  }
+  return out;
+}
+
+std::string json_dump(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// On resume, log lines of steps after the checkpoint (written before a crash) are dropped so the
+// log reads as one run.
+void truncate_log(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in.good()) return;
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("step") && j["step"].get<int64_t>() > step) continue;
+    } catch (const nlohmann::json::exception&) {
+      continue;  // a torn last line
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
+}  // namespace
+
+EvalResult evaluate(const model::Decoder& model, const std::vector<Batch>& batches) {
+  autograd::NoGradGuard no_grad;
+  double sum = 0;
+  int64_t tokens = 0;
+  for (const Batch& b : batches) {
+    int64_t n = 0;
+    for (int64_t t : b.targets.to_int_vector()) n += t != -100;
+    if (n == 0) continue;
+    sum += batch_loss(model, b).item() * static_cast<double>(n);
+    tokens += n;
+  }
+  return EvalResult{tokens ? sum / static_cast<double>(tokens) : std::numeric_limits<double>::quiet_NaN(), tokens};
+}
+
+std::vector<TokenId> greedy_generate(const model::Decoder& model, std::vector<TokenId> prompt, int new_tokens,
+                                     std::optional<TokenId> eos) {
+  CORELM_CHECK(!prompt.empty(), ValueError, "greedy_generate: empty prompt");
+  autograd::NoGradGuard no_grad;
+  const int64_t context = model.config().max_position_embeddings;
+  std::vector<TokenId> out;
+  for (int i = 0; i < new_tokens; ++i) {
+    const int64_t len = std::min<int64_t>(static_cast<int64_t>(prompt.size()), context);
+    std::vector<int64_t> ids(prompt.end() - len, prompt.end());
+    Tensor logits = model.forward(Tensor::from_vector(ids, {1, len}));
+    const int64_t vocab = logits.size(-1);
+    Tensor last = logits.select(1, len - 1).contiguous();
+    const float* d = last.data<float>();
+    int64_t best = 0;
+    for (int64_t v = 1; v < vocab; ++v)
+      if (d[v] > d[best]) best = v;
+    out.push_back(static_cast<TokenId>(best));
+    prompt.push_back(static_cast<TokenId>(best));
+    if (eos && best == *eos) break;
+  }
+  return out;
+}
+
+TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Batch>* val, const Tokenizer* tokenizer,
+                  const std::string& tokenizer_json, const TrainOptions& opt) {
+  CORELM_CHECK(!opt.out_dir.empty(), ValueError, "train: no output directory");
+  CORELM_CHECK(opt.steps > 0, ValueError, "train: --steps must be positive, got ", opt.steps);
+  CORELM_CHECK(opt.batch > 0 && opt.seq > 0 && opt.grad_accum > 0, ValueError,
+               "train: batch, seq and grad-accum must be positive");
+  CORELM_CHECK(opt.seq <= model.config().max_position_embeddings, ValueError, "train: --seq ", opt.seq,
+               " exceeds the model context (max_position_embeddings = ", model.config().max_position_embeddings, ")");
+  fs::create_directories(opt.out_dir);
+
+  model.set_requires_grad(true);
+  const auto& named = model.named_parameters();
+  std::vector<Tensor> params = model.parameters();
+  optim::AdamW adam(params, optim::AdamWOptions{static_cast<float>(opt.schedule.lr), opt.beta1, opt.beta2, opt.eps,
+                                                opt.weight_decay});
+  for (size_t i = 0; i < named.size(); ++i)
+    if (!decays(named[i].first)) adam.set_weight_decay(i, 0.0f);
+  Schedule sched = opt.schedule;
+  sched.total = opt.steps;
+
+  TrainResult result;
+  int64_t step = 0, tokens_seen = 0;
+  const std::string log_path = (fs::path(opt.out_dir) / "train_log.jsonl").string();
+  if (opt.resume && has_checkpoint(opt.out_dir)) {
+    std::vector<Tensor> m = adam.exp_avg(), v = adam.exp_avg_sq();
+    TrainerState st = load_checkpoint(opt.out_dir, model, m, v);
+    adam.set_step_count(st.step);
+    data.set_state(st.sampler);
+    data.set_drawn(st.rows_drawn);
+    step = st.step;
+    tokens_seen = st.tokens_seen;
+    truncate_log(log_path, step);
+    if (opt.progress) std::fprintf(stderr, "resuming %s at step %lld\n", opt.out_dir.c_str(), static_cast<long long>(step));
+  } else {
+    std::ofstream(log_path, std::ios::trunc);
+  }
+  result.start_step = step;
+  std::ofstream log(log_path, std::ios::app);
+  CORELM_CHECK(log.good(), IOError, log_path, ": cannot open for writing");
+
+  auto save = [&](int64_t at_step) {
+    TrainerState st;
+    st.step = at_step;
+    st.tokens_seen = tokens_seen;
+    st.rows_drawn = data.drawn();
+    st.sampler = data.state();
+    st.seed = opt.seed;
+    st.schedule = schedule_name(sched.kind);
+    st.lr = adam.lr();
+    save_checkpoint(opt.out_dir, model, adam.exp_avg(), adam.exp_avg_sq(), st, tokenizer_json);
+  };
+
+  std::vector<TokenId> sample_prompt;
+  if (!opt.sample_prompt.empty() && tokenizer) sample_prompt = tokenizer->encode(opt.sample_prompt);
+  else if (val && !val->empty()) {
+    auto ids = val->front().ids.slice(0, 0, 1).to_int_vector();
+    for (size_t i = 0; i < ids.size() && i < 8; ++i) sample_prompt.push_back(static_cast<TokenId>(ids[i]));
+  }
+
+  const bool tty = opt.progress && isatty(fileno(stderr));
+  const Clock::time_point start = Clock::now();
+  double train_seconds = 0;
+  int64_t run_tokens = 0;
+  const int64_t last_step = opt.stop_at > 0 ? std::min(opt.steps, opt.stop_at) : opt.steps;
+
+  auto run_eval = [&](nlohmann::ordered_json& rec, int64_t at_step, double train_loss) {
+    if (!val || val->empty()) return;
+    const EvalResult ev = evaluate(model, *val);
+    rec["val_loss"] = ev.mean_loss;
+    result.last_val_loss = ev.mean_loss;
+    result.curve.push_back(CurvePoint{at_step, train_loss, ev.mean_loss});
+    std::string sample;
+    if (opt.sample_tokens > 0 && !sample_prompt.empty()) {
+      auto gen = greedy_generate(model, sample_prompt, opt.sample_tokens,
+                                 tokenizer ? tokenizer->eos_id() : std::nullopt);
+      if (tokenizer) {
+        sample = tokenizer->decode(sample_prompt) + "|" + tokenizer->decode(gen);
+      } else {
+        for (TokenId t : gen) sample += std::to_string(t) + " ";
+      }
+      rec["sample"] = sample;
+    }
+    if (opt.progress) {
+      if (tty) std::fputs("\r\x1b[K", stderr);
+      std::fprintf(stderr, "step %lld | train loss %.4f | val loss %.4f | sample: %s\n",
+                   static_cast<long long>(at_step), train_loss, ev.mean_loss, printable(sample).c_str());
+    }
+  };
+
+  while (step < last_step) {
+    const Clock::time_point t0 = Clock::now();
+    adam.zero_grad();
+    double loss_value = 0;
+    int64_t step_tokens = 0;
+    for (int64_t a = 0; a < opt.grad_accum; ++a) {
+      Batch b = data.next(opt.batch, opt.seq);
+      Tensor loss = batch_loss(model, b);
+      if (opt.grad_accum > 1) loss = ops::scale(loss, 1.0f / static_cast<float>(opt.grad_accum));
+      loss.backward();
+      loss_value += loss.item();
+      step_tokens += b.tokens();
+    }
+    const double grad_norm = global_grad_norm(params);
+    if (opt.clip > 0) clip_gradients(params, grad_norm, opt.clip);
+    const double lr = sched.at(step);
+    adam.set_lr(static_cast<float>(lr));
+    adam.step();
+    adam.zero_grad();
+    ++step;
+    tokens_seen += step_tokens;
+    const double dt = seconds_since(t0);
+    train_seconds += dt;
+    run_tokens += step_tokens;
+    const double tok_s = dt > 0 ? static_cast<double>(step_tokens) / dt : 0;
+    result.last_train_loss = loss_value;
+
+    nlohmann::ordered_json rec;
+    rec["step"] = step;
+    rec["loss"] = loss_value;
+    rec["lr"] = lr;
+    rec["grad_norm"] = grad_norm;
+    rec["tokens_per_s"] = tok_s;
+    rec["tokens_seen"] = tokens_seen;
+    rec["elapsed_s"] = seconds_since(start);
+    const bool budget_over = opt.time_budget_s > 0 && seconds_since(start) >= opt.time_budget_s;
+    const bool final_step = step == last_step || budget_over;
+    if ((opt.eval_every > 0 && step % opt.eval_every == 0) || final_step) {
+      run_eval(rec, step, loss_value);
+    }
+    log << json_dump(rec) << "\n";
+    log.flush();
+
+    if (opt.progress && (tty || step % std::max<int64_t>(opt.log_every, 1) == 0 || final_step)) {
+      const double per_step = seconds_since(start) / static_cast<double>(step - result.start_step);
+      const double eta = per_step * static_cast<double>(last_step - step);
+      std::fprintf(stderr, "%sstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s%s", tty ? "\r\x1b[K" : "",
+                   static_cast<long long>(step), static_cast<long long>(opt.steps), loss_value, lr,
+                   train_seconds > 0 ? static_cast<double>(run_tokens) / train_seconds : 0.0,
+                   format_duration(eta).c_str(), tty ? "" : "\n");
+    }
+    if (opt.save_every > 0 && step % opt.save_every == 0 && !final_step) save(step);
+    if (budget_over) break;
+  }
+  if (tty) std::fputs("\n", stderr);
+  save(step);
+  result.end_step = step;
+  result.tokens_seen = tokens_seen;
+  result.tokens_per_s = train_seconds > 0 ? static_cast<double>(run_tokens) / train_seconds : 0;
+  return result;
+}
+
+}  // namespace corelm::train

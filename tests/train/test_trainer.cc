@@ -1,0 +1,350 @@
+// Trainer: schedules, data sampling, SFT masking, checkpoints, exact resume, and learning.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "corelm/error.h"
+#include "corelm/model.h"
+#include "corelm/safetensors.h"
+#include "corelm/tokenizer.h"
+#include "corelm/tokenizer_train.h"
+#include "corelm/train.h"
+
+namespace corelm::train {
+namespace {
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("corelm_train_test_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+void write_text(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+// A small byte-level BPE trained on a few sentences: enough for SFT and checkpoint tests.
+std::string make_tokenizer(const fs::path& dir) {
+  const fs::path text = dir / "tok_corpus.txt";
+  std::string corpus;
+  for (int i = 0; i < 50; ++i) corpus += "the cat sat on the mat. question: what is two plus two? answer: four.\n";
+  write_text(text, corpus);
+  BpeTrainOptions o;
+  o.vocab_size = 300;
+  const std::string out = (dir / "tokenizer.json").string();
+  train_bpe({text.string()}, o, out);
+  return out;
+}
+
+model::ModelConfig small_config(int64_t vocab = 256) {
+  model::ModelConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 64;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+// A repetitive token stream with some noise: learnable in a few steps.
+std::vector<TokenId> pattern_tokens(int64_t n, uint64_t seed) {
+  Generator g(seed);
+  std::vector<TokenId> ids;
+  const std::vector<TokenId> phrase = {10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120};
+  while (static_cast<int64_t>(ids.size()) < n) {
+    for (TokenId t : phrase) ids.push_back(t);
+    ids.push_back(static_cast<TokenId>(130 + g.below(8)));
+  }
+  ids.resize(n);
+  return ids;
+}
+
+// ---- schedules ----
+
+TEST(Schedule, ConstantCosineWsd) {
+  Schedule s;
+  s.lr = 1.0;
+  s.warmup = 10;
+  s.total = 110;
+  s.min_lr_ratio = 0.1;
+  s.kind = ScheduleKind::kConstant;
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(50), 1.0);
+  s.kind = ScheduleKind::kCosine;
+  EXPECT_DOUBLE_EQ(s.at(4), 0.5);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);  // halfway: min + (max - min) / 2
+  EXPECT_NEAR(s.at(110), 0.1, 1e-12);
+  EXPECT_GT(s.at(30), s.at(31));
+  s.kind = ScheduleKind::kWsd;
+  s.decay_fraction = 0.2;  // last 22 steps decay
+  EXPECT_DOUBLE_EQ(s.at(87), 1.0);
+  EXPECT_LT(s.at(88), 1.0);
+  EXPECT_NEAR(s.at(109), 0.1, 1e-12);
+  EXPECT_EQ(parse_schedule("wsd"), ScheduleKind::kWsd);
+  EXPECT_THROW(parse_schedule("linear"), ValueError);
+}
+
+// ---- data ----
+
+TEST(Data, SamplerIsDeterministicBySeedAndResumable) {
+  TokenDataset d = TokenDataset::from_ids(pattern_tokens(1000, 1));
+  WindowSampler a(d, 0, 900, 7), b(d, 0, 900, 7), c(d, 0, 900, 8);
+  Batch ba = a.next(4, 16), bb = b.next(4, 16), bc = c.next(4, 16);
+  EXPECT_EQ(ba.ids.to_int_vector(), bb.ids.to_int_vector());
+  EXPECT_NE(ba.ids.to_int_vector(), bc.ids.to_int_vector());
+  // targets are the ids shifted by one, and windows stay inside [0, 900)
+  auto ids = ba.ids.to_int_vector(), tg = ba.targets.to_int_vector();
+  for (int r = 0; r < 4; ++r)
+    for (int t = 0; t + 1 < 16; ++t) EXPECT_EQ(tg[r * 16 + t], ids[r * 16 + t + 1]);
+  // state round trip
+  WindowSampler resumed(d, 0, 900, 0);
+  resumed.set_state(a.state());
+  EXPECT_EQ(a.next(4, 16).ids.to_int_vector(), resumed.next(4, 16).ids.to_int_vector());
+  EXPECT_EQ(a.drawn(), 8);
+  WindowSampler tiny(d, 0, 10, 0);
+  EXPECT_THROW(tiny.next(1, 16), ValueError);
+}
+
+TEST(Data, SequentialBatchesCoverEveryTargetOnce) {
+  std::vector<TokenId> ids(103);
+  for (int i = 0; i < 103; ++i) ids[i] = i;
+  TokenDataset d = TokenDataset::from_ids(ids);
+  auto batches = sequential_batches(d, 3, 103, 3, 8);
+  std::vector<int> seen(103, 0);
+  for (const Batch& b : batches)
+    for (int64_t t : b.targets.to_int_vector())
+      if (t != -100) seen[t]++;
+  for (int i = 0; i < 103; ++i) EXPECT_EQ(seen[i], i >= 4 ? 1 : 0) << i;
+  Split s = split_tokens(1000, 0.1, 16);
+  EXPECT_EQ(s.train_end, 900);
+  EXPECT_THROW(split_tokens(20, 0.5, 16), ValueError);
+}
+
+TEST(Data, TokenFileIsMemoryMapped) {
+  fs::path dir = temp_dir("tokfile");
+  std::vector<uint16_t> raw = {1, 2, 3, 65535, 7};
+  std::ofstream((dir / "t.bin").string(), std::ios::binary)
+      .write(reinterpret_cast<const char*>(raw.data()), raw.size() * 2);
+  write_text(dir / "t.bin.json", R"({"dtype": "uint16", "tokens": 5, "vocab_size": 65536})");
+  TokenDataset d = TokenDataset::open((dir / "t.bin").string());
+  ASSERT_EQ(d.size(), 5);
+  EXPECT_EQ(d[3], 65535);
+  EXPECT_EQ(d.vocab_bound(), 65536);
+  write_text(dir / "t.bin.json", R"({"dtype": "uint16", "tokens": 6})");
+  EXPECT_THROW(TokenDataset::open((dir / "t.bin").string()), FormatError);
+  write_text(dir / "t.bin.json", R"({"dtype": "int8"})");
+  EXPECT_THROW(TokenDataset::open((dir / "t.bin").string()), FormatError);
+  EXPECT_THROW(TokenDataset::open((dir / "missing.bin").string()), IOError);
+  fs::remove_all(dir);
+}
+
+// ---- SFT ----
+
+TEST(Sft, LossOnlyOnOutputTokens) {
+  fs::path dir = temp_dir("sft");
+  auto tok = Tokenizer::load(make_tokenizer(dir));
+  write_text(dir / "pairs.jsonl", "{\"input\": \"question: what is two plus two?\", \"output\": \" answer: four.\"}\n\n"
+                                  "{\"input\": \"the cat\", \"output\": \" sat\"}\n");
+  auto pairs = load_sft_pairs((dir / "pairs.jsonl").string(), *tok);
+  ASSERT_EQ(pairs.size(), 2u);
+  const int64_t seq = 32;
+  Batch b = make_sft_batch({&pairs[0], &pairs[1]}, seq, 0);
+  auto ids = b.ids.to_int_vector(), tg = b.targets.to_int_vector();
+  for (int r = 0; r < 2; ++r) {
+    const SftPair& p = pairs[r];
+    std::vector<int64_t> all(p.input.begin(), p.input.end());
+    all.insert(all.end(), p.output.begin(), p.output.end());
+    for (int64_t t = 0; t < seq; ++t) {
+      const int64_t target = tg[r * seq + t];
+      if (t + 1 < static_cast<int64_t>(p.input.size())) {
+        EXPECT_EQ(target, -100) << "input token " << t << " must carry no loss";
+      } else if (t + 1 < static_cast<int64_t>(all.size())) {
+        EXPECT_EQ(target, all[t + 1]);
+        EXPECT_EQ(ids[r * seq + t], all[t]);
+      } else {
+        EXPECT_EQ(target, -100) << "padding";
+      }
+    }
+  }
+  // the first output token is predicted from the last input token
+  EXPECT_EQ(tg[pairs[0].input.size() - 1], pairs[0].output[0]);
+
+  write_text(dir / "bad.jsonl", "{\"input\": \"a\", \"output\": \"b\"}\n{\"input\": \"a\"}\n");
+  try {
+    load_sft_pairs((dir / "bad.jsonl").string(), *tok);
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.jsonl:2"), std::string::npos) << e.what();
+  }
+  write_text(dir / "bad2.jsonl", "{\"input\": \"a\", \"output\": \"b\"}\n\n{not json\n");
+  try {
+    load_sft_pairs((dir / "bad2.jsonl").string(), *tok);
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad2.jsonl:3"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// ---- checkpoints and training ----
+
+TrainOptions base_options(const fs::path& out, int64_t steps) {
+  TrainOptions o;
+  o.out_dir = out.string();
+  o.steps = steps;
+  o.batch = 4;
+  o.seq = 32;
+  o.grad_accum = 2;
+  o.schedule.kind = ScheduleKind::kCosine;
+  o.schedule.lr = 3e-3;
+  o.schedule.warmup = 2;
+  o.eval_every = 3;
+  o.eval_batches = 2;
+  o.sample_tokens = 4;
+  o.progress = false;
+  o.seed = 5;
+  return o;
+}
+
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  auto fa = io::SafetensorsFile::open(a), fb = io::SafetensorsFile::open(b);
+  ASSERT_EQ(fa.names(), fb.names());
+  for (const auto& name : fa.names()) {
+    Tensor ta = fa.get(name), tb = fb.get(name);
+    ASSERT_EQ(ta.shape(), tb.shape()) << name;
+    EXPECT_EQ(std::memcmp(ta.raw_data(), tb.raw_data(), ta.nbytes()), 0) << name << " differs";
+  }
+}
+
+TEST(Checkpoint, FilesAreCompleteAndStepMismatchIsDetected) {
+  fs::path dir = temp_dir("ckpt");
+  model::Decoder m(small_config());
+  m.init_weights(1);
+  std::vector<Tensor> ea, eas;
+  for (const Tensor& p : m.parameters()) {
+    ea.push_back(Tensor::full(p.shape(), 0.5));
+    eas.push_back(Tensor::full(p.shape(), 0.25));
+  }
+  TrainerState st;
+  st.step = 5;
+  st.sampler = Generator(3).state();
+  for (int round = 0; round < 2; ++round) {
+    save_checkpoint(dir.string(), m, ea, eas, st, "");
+    std::set<std::string> files;
+    for (const auto& e : fs::directory_iterator(dir)) files.insert(e.path().filename().string());
+    // no temporary or partial file is left beside the final names
+    EXPECT_EQ(files, (std::set<std::string>{"config.json", "model.safetensors", "optimizer.safetensors",
+                                            "trainer_state.json"}));
+  }
+  model::Decoder m2(small_config());
+  std::vector<Tensor> ea2, eas2;
+  for (const Tensor& p : m2.parameters()) {
+    ea2.push_back(Tensor::zeros(p.shape()));
+    eas2.push_back(Tensor::zeros(p.shape()));
+  }
+  TrainerState back = load_checkpoint(dir.string(), m2, ea2, eas2);
+  EXPECT_EQ(back.step, 5);
+  EXPECT_EQ(back.sampler.s[2], st.sampler.s[2]);
+  EXPECT_EQ(ea2[0].to_float_vector()[0], 0.5f);
+  EXPECT_EQ(m2.parameters()[0].to_float_vector(), m.parameters()[0].to_float_vector());
+  // a trainer_state.json from another step than the weights: refuse to resume from a torn checkpoint
+  auto j = nlohmann::json::parse(std::ifstream(dir / "trainer_state.json"));
+  j["step"] = 6;
+  write_text(dir / "trainer_state.json", j.dump());
+  EXPECT_THROW(load_checkpoint(dir.string(), m2, ea2, eas2), FormatError);
+  EXPECT_TRUE(decays("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_FALSE(decays("model.layers.0.input_layernorm.weight"));
+  EXPECT_FALSE(decays("model.layers.0.self_attn.q_proj.bias"));
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, ResumeIsBitIdentical) {
+  fs::path root = temp_dir("resume");
+  TokenDataset data = TokenDataset::from_ids(pattern_tokens(4000, 2));
+  Split split = split_tokens(data.size(), 0.1, 32);
+  auto val = sequential_batches(data, split.train_end, data.size(), 4, 32, 2);
+  const int64_t n = 4;
+
+  model::Decoder straight(small_config());
+  straight.init_weights(11);
+  WindowSampler s1(data, 0, split.train_end, 5);
+  TrainResult r1 = train(straight, s1, &val, nullptr, "", base_options(root / "straight", 2 * n));
+  EXPECT_EQ(r1.end_step, 2 * n);
+
+  model::Decoder first(small_config());
+  first.init_weights(11);
+  WindowSampler s2(data, 0, split.train_end, 5);
+  TrainOptions o = base_options(root / "resumed", 2 * n);
+  o.stop_at = n;
+  EXPECT_EQ(train(first, s2, &val, nullptr, "", o).end_step, n);
+
+  model::Decoder second(small_config());
+  second.init_weights(999);  // overwritten by the checkpoint
+  WindowSampler s3(data, 0, split.train_end, 12345);  // state restored from the checkpoint
+  o.stop_at = 0;
+  o.resume = true;
+  TrainResult r3 = train(second, s3, &val, nullptr, "", o);
+  EXPECT_EQ(r3.start_step, n);
+  EXPECT_EQ(r3.end_step, 2 * n);
+
+  expect_same_tensors((root / "straight" / "model.safetensors").string(),
+                      (root / "resumed" / "model.safetensors").string());
+  expect_same_tensors((root / "straight" / "optimizer.safetensors").string(),
+                      (root / "resumed" / "optimizer.safetensors").string());
+  for (size_t i = 0; i < straight.parameters().size(); ++i)
+    EXPECT_EQ(straight.parameters()[i].to_float_vector(), second.parameters()[i].to_float_vector());
+  // the logs agree line for line on the loss
+  auto losses = [](const fs::path& p) {
+    std::vector<double> out;
+    std::ifstream in(p);
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  };
+  EXPECT_EQ(losses(root / "straight" / "train_log.jsonl"), losses(root / "resumed" / "train_log.jsonl"));
+  EXPECT_EQ(losses(root / "straight" / "train_log.jsonl").size(), static_cast<size_t>(2 * n));
+  fs::remove_all(root);
+}
+
+TEST(Trainer, LossGoesDownOnRepetitiveData) {
+  fs::path root = temp_dir("learn");
+  TokenDataset data = TokenDataset::from_ids(pattern_tokens(4000, 3));
+  Split split = split_tokens(data.size(), 0.1, 32);
+  auto val = sequential_batches(data, split.train_end, data.size(), 4, 32, 2);
+  model::Decoder m(small_config());
+  m.init_weights(1);
+  const double before = evaluate(m, val).mean_loss;
+  WindowSampler s(data, 0, split.train_end, 1);
+  TrainOptions o = base_options(root, 30);
+  o.grad_accum = 1;
+  o.schedule.lr = 1e-2;
+  o.eval_every = 10;
+  TrainResult r = train(m, s, &val, nullptr, "", o);
+  std::ifstream log(root / "train_log.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(log, line)) {
+    auto j = nlohmann::json::parse(line);
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s"}) EXPECT_TRUE(j.contains(key)) << key;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 30);
+  EXPECT_NEAR(before, std::log(256.0), 0.3);
+  EXPECT_LT(r.last_val_loss, before - 2.0) << "val loss " << before << " -> " << r.last_val_loss;
+  ASSERT_EQ(r.curve.size(), 3u);
+  EXPECT_LT(r.curve.back().val_loss, r.curve.front().val_loss);
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace corelm::train
