@@ -45,6 +45,21 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return prompts;
 }
 
+// --stop values may spell newlines and tabs as \n and \t (a literal backslash is \\).
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    char c = s[++i];
+    out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c;
+    if (c != 'n' && c != 't' && c != 'r' && c != '\\') out.insert(out.size() - 1, 1, '\\');
+  }
+  return out;
+}
+
 void print_stats(const infer::GenerationResult& r, size_t prompts, int64_t generated) {
   std::fprintf(stderr, "[%zu prompt%s] prefill: %.1f tok/s (%.3f s)  decode: %.1f tok/s (%.3f s, %lld tokens)%s%s\n",
                prompts, prompts == 1 ? "" : "s", r.prefill_tok_s, r.prefill_seconds, r.decode_tok_s, r.decode_seconds,
@@ -71,7 +86,7 @@ void run(const GenerateArgs& a) {
   o.sampling.no_repeat_ngram_size = a.no_repeat_ngram;
   o.sampling.validate();  // before the (slower) model load
   o.seed = a.seed;
-  o.stop = a.stop;
+  for (const auto& s : a.stop) o.stop.push_back(unescape(s));
   o.stop_at_eos = !a.ignore_eos;
   o.add_special = !a.no_special;
   o.truncate = a.truncate == "left" ? infer::Truncate::Left : infer::Truncate::None;
@@ -135,7 +150,7 @@ RegisterCommand reg([](CLI::App& root) {
       ->capture_default_str();
   c->add_option("--no-repeat-ngram", args->no_repeat_ngram, "never repeat an n-gram of this size (0: off)")->capture_default_str();
   c->add_option("--seed", args->seed, "sampling seed (each prompt samples from its own generator)")->capture_default_str();
-  c->add_option("--stop", args->stop, "stop string (repeatable); it is not included in the output");
+  c->add_option("--stop", args->stop, "stop string (repeatable; \\n and \\t allowed); it is not included in the output");
   c->add_flag("--ignore-eos", args->ignore_eos, "keep generating past the end-of-sequence token");
   c->add_flag("--no-special", args->no_special, "do not add BOS/EOS to the prompt as the tokenizer configures");
   c->add_option("--truncate", args->truncate, "left: keep the last tokens of a prompt longer than the context "

@@ -1,6 +1,7 @@
 // corelm tokenize: text -> ids. stdin -> one JSON array (or one per line with --jsonl), or a
 // corpus -> binary token file for the trainer with --output.
 #include <charconv>
+#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -74,8 +75,19 @@ void run(const TokenizeArgs& a) {
     std::cout << summary.dump() << "\n";
     return;
   }
-  CORELM_CHECK(a.inputs.empty(), ValueError, "--input is for corpus files with --output; without it text is read from stdin");
   std::ios::sync_with_stdio(false);
+  if (!a.inputs.empty() && !a.jsonl) {  // one JSON array per input file
+    for (const std::string& path : a.inputs) {
+      std::ifstream in(path, std::ios::binary);
+      CORELM_CHECK(in.good(), IOError, path, ": cannot open");
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::string out;
+      append_ids(out, encode_parallel(*tok, text, enc, threads));
+      std::cout << out << "\n";
+    }
+    return;
+  }
+  CORELM_CHECK(a.inputs.empty(), ValueError, "--jsonl reads stdin; use --output to tokenize JSONL files into a token file");
   if (a.jsonl) {
     std::string line, out;
     size_t line_no = 0;
@@ -105,7 +117,9 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_flag("--add-special", args->add_special, "add BOS/EOS as the tokenizer's configuration says (default: none)");
   c->add_flag("--parse-special", args->parse_special,
               "recognise special-token text such as <|endoftext|> in the input (default: plain text)");
-  c->add_option("--input", args->inputs, "corpus files for --output (text: one document per file; --jsonl: per line)");
+  c->add_option("--input", args->inputs,
+                "input files instead of stdin (one JSON array each); with --output the corpus (text: one document per "
+                "file; --jsonl: per line)");
   c->add_option("--output", args->output, "write a binary token file (raw little-endian ids) plus OUTPUT.json");
   c->add_option("--dtype", args->dtype, "token file id type: auto, uint16, uint32")->capture_default_str();
   c->add_option("--threads", args->threads, "worker threads (default: all cores)");

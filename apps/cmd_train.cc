@@ -32,6 +32,18 @@ struct TrainArgs {
 
 bool is_token_file(const std::string& path) { return path.size() > 4 && path.ends_with(".bin"); }
 
+// The checkpoint carries the tokenizer as DIR/tokenizer.json (a byte copy), so only a Hugging Face
+// tokenizer.json (or a directory holding one) can be used for training.
+std::string tokenizer_json_path(const std::string& given) {
+  fs::path p(given);
+  if (fs::is_directory(p)) p /= "tokenizer.json";
+  CORELM_CHECK(p.extension() == ".json" && p.filename() != "vocab.json", ValueError, "--tokenizer: ", given,
+               " is not a tokenizer.json; checkpoints carry the tokenizer as tokenizer.json, so give a Hugging Face ",
+               "tokenizer.json or a directory holding one (convert others with the tokenizer tools first)");
+  CORELM_CHECK(fs::exists(p), IOError, p.string(), ": missing");
+  return p.string();
+}
+
 void run(const TrainArgs& a) {
   set_num_threads(a.threads);
   CORELM_CHECK(!a.data.empty() || !a.sft.empty(), ValueError, "train: give --data FILE... or --sft pairs.jsonl");
@@ -55,7 +67,7 @@ void run(const TrainArgs& a) {
   std::string tokenizer_path;
   if (resuming) tokenizer_path = out_tokenizer;
   else if (!a.init.empty()) tokenizer_path = (fs::path(a.init) / "tokenizer.json").string();
-  else if (!a.tokenizer.empty()) tokenizer_path = a.tokenizer;
+  else if (!a.tokenizer.empty()) tokenizer_path = tokenizer_json_path(a.tokenizer);
   else {
     std::vector<std::string> text_files;
     if (!a.sft.empty()) text_files.push_back(a.sft);

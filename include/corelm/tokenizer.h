@@ -49,6 +49,9 @@ class Tokenizer {
   // prefix); the streaming decoder needs this to reproduce decode() exactly.
   virtual bool strips_leading_space() const { return false; }
   virtual bool is_special(TokenId id) const = 0;
+  // The tokenizer's normalizer (NFC for Qwen2; identity for most): decode(encode(x)) returns
+  // normalize(x), exactly as Hugging Face does.
+  virtual std::string normalize(std::string_view text) const { return std::string(text); }
 
   virtual size_t vocab_size() const = 0;  // one more than the largest id
   virtual std::optional<TokenId> token_to_id(std::string_view token_text) const = 0;

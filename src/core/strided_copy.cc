@@ -32,6 +32,7 @@ int64_t load_int(const void* base, DType dt, int64_t i) {
 }
 
 void store(void* base, DType dt, int64_t i, double v, int64_t iv, bool integer_src) {
+  if (integer_src) v = static_cast<double>(iv);
   switch (dt) {
     case DType::F32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
     case DType::BF16: static_cast<bf16*>(base)[i] = float_to_bf16(static_cast<float>(v)); break;

@@ -103,7 +103,7 @@ class Session {
     bool truncated = false;
     if (n > context_) {
       const int64_t keep = std::max<int64_t>(1, context_ - opt_.max_new_tokens);
-      CORELM_CHECK(opt_.truncate == Truncate::Left, ValueError, "prompt", prompts_label(index), " has ", n,
+      CORELM_CHECK(opt_.truncate == Truncate::Left, ValueError, "prompt ", index, " has ", n,
                    " tokens, context is ", context_, "; use --truncate left to keep the last ", keep, " tokens");
       ids.erase(ids.begin(), ids.end() - keep);
       truncated = true;
@@ -118,12 +118,11 @@ class Session {
     // SentencePiece decoders drop the leading space of a text's first token; the generated text
     // continues the prompt, so the decoder is told the prompt has already started the text.
     if (tok_.strips_leading_space())
-      for (TokenId id : row.context) row.decoder.push(id);
+      for (TokenId id : row.context)
+        if (id < allowed_vocab_) row.decoder.push(id);
     // Sequence length (prompt + generated) never exceeds the context.
     if (opt_.max_new_tokens == 0 || row.prompt_len >= context_) finish(row, "length");
   }
-
-  std::string prompts_label(size_t index) const { return " " + std::to_string(index); }
 
   // Right-padded batched prefill; chunks of rows keep the [rows, T, V] logits bounded.
   int64_t prefill(model::KVCache& cache) {

@@ -150,7 +150,11 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
   }
   uint64_t h = hash_bytes(piece);
   if (piece.size() <= HotCache::kMaxKey) {
-    thread_local HotCache hot;
+    // On the heap, not in static TLS: 768 KiB per thread would otherwise be reserved at the top of
+    // every thread's stack in the process, tokenizing or not.
+    thread_local std::unique_ptr<HotCache> hot_ptr;
+    if (!hot_ptr) hot_ptr = std::make_unique<HotCache>();
+    HotCache& hot = *hot_ptr;
     if (hot.owner != serial_) hot.reset(serial_);
     HotCache::Entry& e = hot.entries[(h >> 20) & (HotCache::kEntries - 1)];
     if (e.len == piece.size() && std::memcmp(e.key, piece.data(), piece.size()) == 0) {

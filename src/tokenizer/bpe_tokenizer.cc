@@ -127,6 +127,7 @@ class BpeTokenizer final : public Tokenizer {
     return special_[id];
   }
   size_t vocab_size() const override { return offsets_.size() - 1; }
+  std::string normalize(std::string_view text) const override { return nfc_ ? nfc(text) : std::string(text); }
 
   std::optional<TokenId> token_to_id(std::string_view text) const override {
     // Added-token content first, then the vocabulary spelling of the file (byte-level, as HF's

@@ -57,6 +57,7 @@ class TokenWriter {
     if (file_) std::fclose(file_);
   }
   void write(const std::vector<TokenId>& ids, size_t vocab_size) {
+    if (ids.empty()) return;  // (fwrite of an empty, possibly null buffer is undefined)
     buffer_.resize(ids.size() * dtype_bytes_);
     for (size_t i = 0; i < ids.size(); ++i) {
       uint32_t v = static_cast<uint32_t>(ids[i]);

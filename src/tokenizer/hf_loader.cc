@@ -1,7 +1,9 @@
 // Reads Hugging Face tokenizer.json files and GPT-2 vocab.json + merges.txt pairs into a BpeSpec.
 // Every field that changes the ids is either implemented exactly or rejected with an error that
 // names it: a tokenizer that silently differs from the reference is worse than none.
+#include <algorithm>
 #include <fstream>
+#include <unordered_map>
 #include <sstream>
 
 #include "corelm/error.h"
@@ -211,6 +213,14 @@ BpeSpec parse_hf_tokenizer_json(const json& doc, const std::string& source) {
   spec.merges = resolve_merges(pairs, spelled, source, "model.merges");
 
   if (doc.contains("added_tokens") && doc["added_tokens"].is_array()) {
+    // HF tokenizers ignores the stated id of an added token: it reuses the vocabulary id of the
+    // same text, or else takes the next id after the vocabulary and earlier added tokens. A file
+    // whose ids disagree would tokenize differently there, so it is rejected.
+    std::unordered_map<std::string, int32_t> spelled_ids;
+    for (size_t id = 0; id < spelled.size(); ++id)
+      if (!spelled[id].empty()) spelled_ids.emplace(spelled[id], static_cast<int32_t>(id));
+    std::unordered_map<std::string, int32_t> added_ids;
+    int64_t max_added = -1;
     const json& list = doc["added_tokens"];
     for (size_t i = 0; i < list.size(); ++i) {
       const json& t = list[i];
@@ -222,6 +232,16 @@ BpeSpec parse_hf_tokenizer_json(const json& doc, const std::string& source) {
       a.id = t["id"].get<int32_t>();
       CORELM_CHECK(a.id >= 0, FormatError, source, ": ", field, ".id is negative");
       a.content = t["content"].get<std::string>();
+      int32_t hf_id;
+      if (auto it = added_ids.find(a.content); it != added_ids.end()) hf_id = it->second;
+      else if (auto v = spelled_ids.find(a.content); v != spelled_ids.end()) hf_id = v->second;
+      else if (max_added < 0) hf_id = static_cast<int32_t>(spelled.size());
+      else hf_id = max_added >= static_cast<int64_t>(spelled.size()) ? static_cast<int32_t>(max_added + 1)
+                                                                     : static_cast<int32_t>(spelled.size());
+      CORELM_CHECK(a.id == hf_id, FormatError, source, ": ", field, ".id is ", a.id, " but Hugging Face tokenizers would give '",
+                   a.content, "' id ", hf_id, " (added-token ids must continue the vocabulary without gaps)");
+      added_ids[a.content] = hf_id;
+      max_added = std::max<int64_t>(max_added, hf_id);
       a.special = flag(t, "special", false);
       a.lstrip = flag(t, "lstrip", false);
       a.rstrip = flag(t, "rstrip", false);

@@ -84,6 +84,53 @@ std::string without_dummy_prefix(const std::string& proto, const std::string& so
   return out;
 }
 
+// Whether the model's normalizer is the identity without whitespace clean-up (Llama 2): only then
+// is the text after a newline encoded the same on its own (given no piece holds a newline).
+bool identity_normalizer(const std::string& proto) {
+  size_t pos = 0;
+  while (pos < proto.size()) {
+    uint64_t key, len;
+    if (!read_varint(proto, pos, key)) return false;
+    uint32_t field = static_cast<uint32_t>(key >> 3), wire = key & 7;
+    if (wire == 0) {
+      if (!read_varint(proto, pos, len)) return false;
+      continue;
+    }
+    if (wire == 1) { pos += 8; continue; }
+    if (wire == 5) { pos += 4; continue; }
+    if (wire != 2 || !read_varint(proto, pos, len) || len > proto.size() - pos) return false;
+    if (field == 3) {
+      std::string sub = proto.substr(pos, len);
+      std::string name;
+      bool remove_extra_ws = true, charsmap = false;  // proto defaults
+      size_t q = 0;
+      while (q < sub.size()) {
+        uint64_t k, v;
+        if (!read_varint(sub, q, k)) return false;
+        uint32_t f = static_cast<uint32_t>(k >> 3), w = k & 7;
+        if (w == 0) {
+          if (!read_varint(sub, q, v)) return false;
+          if (f == 4) remove_extra_ws = v != 0;
+        } else if (w == 2) {
+          if (!read_varint(sub, q, v) || v > sub.size() - q) return false;
+          if (f == 1) name = sub.substr(q, v);
+          if (f == 2 && v > 0) charsmap = true;
+          q += v;
+        } else if (w == 1) {
+          q += 8;
+        } else if (w == 5) {
+          q += 4;
+        } else {
+          return false;
+        }
+      }
+      return name == "identity" && !remove_extra_ws && !charsmap;
+    }
+    pos += len;
+  }
+  return false;
+}
+
 class SpmTokenizer final : public Tokenizer {
  public:
   SpmTokenizer(const std::string& path, const std::string& config_path) : source_(path) {
@@ -93,12 +140,14 @@ class SpmTokenizer final : public Tokenizer {
     CORELM_CHECK(status.ok(), FormatError, path, ": not a SentencePiece model: ", status.ToString());
     status = sp_tail_.LoadFromSerializedProto(without_dummy_prefix(proto, path));
     CORELM_CHECK(status.ok(), FormatError, path, ": SentencePiece model could not be re-read: ", status.ToString());
+    split_lines_ = identity_normalizer(proto);
     size_t n = static_cast<size_t>(sp_.GetPieceSize());
     bytes_.resize(n);
     special_.assign(n, false);
     for (int id = 0; id < static_cast<int>(n); ++id) {
       const std::string& piece = sp_.IdToPiece(id);
       piece_ids_.insert(piece, id);
+      if (piece.find('\n') != std::string::npos) split_lines_ = false;
       if (sp_.IsByte(id)) {
         // "<0xNN>"
         unsigned value = static_cast<unsigned>(std::stoul(piece.substr(3, 2), nullptr, 16));
@@ -147,13 +196,24 @@ class SpmTokenizer final : public Tokenizer {
     if (options.add_special) out.insert(out.end(), prefix_.begin(), prefix_.end());
     const auto* p = reinterpret_cast<const unsigned char*>(text.data());
     size_t n = text.size(), i = 0, run = 0;
-    auto flush_run = [&](size_t end) {
-      if (end <= run) return;
-      const sentencepiece::SentencePieceProcessor& sp = run == 0 ? sp_ : sp_tail_;
-      std::vector<int> ids;
-      auto status = sp.Encode(text.substr(run, end - run), &ids);
+    std::vector<int> ids;
+    auto encode_piece = [&](size_t begin, size_t end) {
+      const sentencepiece::SentencePieceProcessor& sp = begin == 0 ? sp_ : sp_tail_;
+      auto status = sp.Encode(text.substr(begin, end - begin), &ids);
       CORELM_CHECK(status.ok(), Error, source_, ": SentencePiece encode failed: ", status.ToString());
       out.insert(out.end(), ids.begin(), ids.end());
+    };
+    // sentencepiece slows down badly on one huge input; when no piece can span a newline and the
+    // normalizer is the identity, long text is encoded in stretches that end just after one.
+    auto flush_run = [&](size_t end) {
+      size_t begin = run;
+      while (split_lines_ && end - begin > kSplitBytes) {
+        size_t nl = text.find('\n', begin + kSplitBytes);
+        if (nl == std::string_view::npos || nl + 1 >= end) break;
+        encode_piece(begin, nl + 1);
+        begin = nl + 1;
+      }
+      if (end > begin) encode_piece(begin, end);
     };
     while (i < n) {
       int len;
@@ -212,7 +272,9 @@ class SpmTokenizer final : public Tokenizer {
                  " is outside the vocabulary (size ", bytes_.size(), ") of ", source_);
   }
   std::string source_;
+  static constexpr size_t kSplitBytes = 2048;
   sentencepiece::SentencePieceProcessor sp_, sp_tail_;
+  bool split_lines_ = false;
   std::vector<std::string> bytes_;
   std::vector<bool> special_;
   StringIdMap piece_ids_;

@@ -123,6 +123,10 @@ TEST(Tensor, DtypeConversionRoundTrip) {
   Tensor big = Tensor::from_vector(std::vector<int64_t>{(int64_t(1) << 53) + 1}, {1});
   EXPECT_EQ(big.to(DType::I64).to_int_vector()[0], (int64_t(1) << 53) + 1);
   EXPECT_EQ(Tensor::arange(4, DType::I32).to_int_vector(), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(Tensor::arange(4).to_float_vector(), (std::vector<float>{0, 1, 2, 3}));
+  Tensor ints = Tensor::from_vector(std::vector<int32_t>{-3, 7}, {2});
+  EXPECT_EQ(ints.to(DType::BF16).to_float_vector(), (std::vector<float>{-3, 7}));
+  EXPECT_EQ(ints.to(DType::F16).to_float_vector(), (std::vector<float>{-3, 7}));
 }
 
 TEST(Tensor, CopyBroadcastsAndConverts) {

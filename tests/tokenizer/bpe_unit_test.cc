@@ -51,25 +51,25 @@ TEST(Bpe, WholeTokenShortcutOnlyWhenMergesReachIt) {
 
 TEST(Bpe, AddedTokensAndSpecialTokenPolicy) {
   test::TinySpec s = hello_spec();
-  s.added_tokens = {{{"id", 400}, {"content", "<|eot|>"}, {"special", true}},
-                    {{"id", 401}, {"content", "<mask>"}, {"special", false}}};
+  s.added_tokens = {{{"id", 263}, {"content", "<|eot|>"}, {"special", true}},
+                    {{"id", 264}, {"content", "<mask>"}, {"special", false}}};
   s.post_processor = {{"type", "TemplateProcessing"},
                       {"single", {{{"SpecialToken", {{"id", "<|eot|>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                      {"special_tokens", {{"<|eot|>", {{"id", "<|eot|>"}, {"ids", {400}}, {"tokens", {"<|eot|>"}}}}}}};
+                      {"special_tokens", {{"<|eot|>", {{"id", "<|eot|>"}, {"ids", {263}}, {"tokens", {"<|eot|>"}}}}}}};
   auto tok = test::load_tiny(s);
   EncodeOptions parse;
   parse.parse_special = true;
-  EXPECT_EQ(tok->encode("hello<|eot|>", parse).back(), 400);
+  EXPECT_EQ(tok->encode("hello<|eot|>", parse).back(), 263);
   auto plain = tok->encode("hello<|eot|>");  // default: special-token text is plain text
-  EXPECT_EQ(std::count(plain.begin(), plain.end(), 400), 0);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 263), 0);
   EXPECT_EQ(tok->decode(plain), "hello<|eot|>");
-  EXPECT_EQ(tok->encode("a<mask>b")[1], 401);  // non-special added tokens always match
+  EXPECT_EQ(tok->encode("a<mask>b")[1], 264);  // non-special added tokens always match
   EncodeOptions bos;
   bos.add_special = true;
-  EXPECT_EQ(tok->encode("hello", bos).front(), 400);
+  EXPECT_EQ(tok->encode("hello", bos).front(), 263);
   EXPECT_EQ(tok->decode(tok->encode("hello<|eot|>", parse), /*skip_special=*/true), "hello");
-  EXPECT_TRUE(tok->is_special(400));
-  EXPECT_FALSE(tok->is_special(401));
+  EXPECT_TRUE(tok->is_special(263));
+  EXPECT_FALSE(tok->is_special(264));
 }
 
 TEST(Bpe, InvalidUtf8IsTokenizedBytewiseAndRoundTrips) {

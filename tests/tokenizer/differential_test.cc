@@ -4,6 +4,7 @@
 #include "tokenizer/oracle.h"
 #include "tokenizer/random_text.h"
 #include "tokenizer/test_util.h"
+#include "tokenizer/tiny_tokenizer.h"
 
 namespace corelm {
 namespace {
@@ -97,6 +98,46 @@ TEST(Differential, Llama2VsSentencePiece) {
   auto want = test::run_oracle("spm", "--tokenizer " + file, texts, &why);
   if (!want) GTEST_SKIP() << why;
   compare(*Tokenizer::load(file), texts, *want, "llama2 vs sentencepiece", false);
+}
+
+}  // namespace
+}  // namespace corelm
+
+namespace corelm {
+namespace {
+
+// The general pre-tokenizer pipeline (SmolLM: Digits then ByteLevel; GPT-2 variants with
+// add_prefix_space) on a tokenizer built here, against HF on the same file.
+TEST(Differential, PipelinesVsHuggingFace) {
+  test::TinySpec base;
+  base.merges = {{"t", "h"}, {"th", "e"}, {" ", "the"}, {"e", "r"}, {"1", "2"}, {"12", "3"}, {" ", "1"}, {"i", "n"}, {" ", "in"}};
+  base.added_tokens = {{{"id", 256 + 9}, {"content", "<|endoftext|>"}, {"special", true}, {"single_word", false},
+                        {"lstrip", false}, {"rstrip", false}, {"normalized", false}}};
+  struct Variant {
+    const char* name;
+    nlohmann::json pre;
+  };
+  const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const std::vector<Variant> variants = {
+      {"smollm digits+bytelevel",
+       {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}}},
+      {"digit runs+bytelevel",
+       {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", false}}, byte_level}}}},
+      {"bytelevel add_prefix_space",
+       {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+  };
+  test::RandomText gen(31);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 600; ++i) texts.push_back(gen.unicode());
+  for (const auto& v : variants) {
+    test::TinySpec spec = base;
+    spec.pre_tokenizer = v.pre;
+    std::string path = test::write_temp("tokenizer.json", test::tiny_json(spec).dump());
+    std::string why;
+    auto want = test::run_oracle("hf", "--tokenizer " + path, texts, &why);
+    if (!want) GTEST_SKIP() << why;
+    compare(*Tokenizer::load(path), texts, *want, v.name, true);
+  }
 }
 
 }  // namespace

@@ -69,9 +69,13 @@ TEST(TokenizerErrors, UnsupportedPipelineParts) {
                                  {"normalizer.type", "Lowercase"});
   expect_load_error<FormatError>(with([](auto& d) { d["decoder"] = {{"type", "WordPiece"}}; }), {"decoder.type"});
   expect_load_error<FormatError>(
-      with([](auto& d) { d["added_tokens"] = {{{"id", 300}, {"content", "<x>"}, {"single_word", true}}}; }),
+      with([](auto& d) { d["added_tokens"] = {{{"id", 257}, {"content", "<x>"}, {"single_word", true}}}; }),
       {"added_tokens[0].single_word"});
   expect_load_error<FormatError>(with([](auto& d) { d["model"]["ignore_merges"] = "yes"; }), {"tokenizer.json"});
+  // HF would number this token 257 (right after the vocabulary), so id 300 cannot be honoured.
+  expect_load_error<FormatError>(
+      with([](auto& d) { d["added_tokens"] = {{{"id", 300}, {"content", "<x>"}, {"special", true}}}; }),
+      {"added_tokens[0].id", "257"});
 }
 
 TEST(TokenizerErrors, FilesAndPaths) {

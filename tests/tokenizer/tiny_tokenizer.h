@@ -45,9 +45,18 @@ inline nlohmann::json tiny_json(const TinySpec& s) {
           {"normalizer", s.normalizer},
           {"pre_tokenizer", s.pre_tokenizer},
           {"post_processor", s.post_processor},
-          {"decoder", {{"type", "ByteLevel"}}},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
           {"model",
-           {{"type", "BPE"}, {"ignore_merges", s.ignore_merges}, {"vocab", vocab}, {"merges", merges}, {"dropout", nullptr}}}};
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"ignore_merges", s.ignore_merges},
+            {"vocab", vocab},
+            {"merges", merges}}}};
 }
 
 // Writes `doc` (or raw text) to a fresh temp file and returns its path.

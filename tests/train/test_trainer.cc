@@ -5,10 +5,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "corelm/error.h"
 #include "corelm/model.h"
+#include "corelm/model_dir.h"
 #include "corelm/safetensors.h"
 #include "corelm/tokenizer.h"
 #include "corelm/tokenizer_train.h"
@@ -344,6 +347,35 @@ TEST(Trainer, LossGoesDownOnRepetitiveData) {
   ASSERT_EQ(r.curve.size(), 3u);
   EXPECT_LT(r.curve.back().val_loss, r.curve.front().val_loss);
   fs::remove_all(root);
+}
+
+TEST(ModelDir, CheckpointLoadsAsModelDirectory) {
+  fs::path dir = temp_dir("modeldir"), tok_dir = temp_dir("modeldir_tok");
+  const std::string tok = make_tokenizer(tok_dir);
+  model::Decoder m(small_config(512));
+  m.init_weights(4);
+  model::save_model_dir(dir.string(), m);
+  io::write_file_atomic((dir / "tokenizer.json").string(), std::string(std::istreambuf_iterator<char>(
+                                                                std::ifstream(tok).rdbuf()), {}));
+  model::LoadedModel loaded = model::load_model_dir(dir.string());
+  EXPECT_EQ(loaded.tokenizer->vocab_size(), Tokenizer::load(tok)->vocab_size());
+  ASSERT_EQ(loaded.decoder.named_parameters().size(), m.named_parameters().size());
+  for (size_t i = 0; i < m.named_parameters().size(); ++i)
+    EXPECT_EQ(loaded.decoder.named_parameters()[i].second.to_float_vector(),
+              m.named_parameters()[i].second.to_float_vector());
+  // a tensor missing from model.safetensors names the tensor
+  auto params = m.named_parameters();
+  params.pop_back();
+  io::save_safetensors((dir / "model.safetensors").string(), params);
+  try {
+    model::load_model_dir(dir.string());
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(m.named_parameters().back().first), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model::load_model_dir((dir / "nope").string()), IOError);
+  fs::remove_all(dir);
+  fs::remove_all(tok_dir);
 }
 
 }  // namespace

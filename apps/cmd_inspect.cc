@@ -1,0 +1,144 @@
+// corelm inspect PATH [--json]: what a checkpoint holds — its format (safetensors, GGUF, llama2.c
+// .bin, or a model directory), the model config when the file carries one, every tensor's name,
+// dtype and shape, and the parameter count. Only headers are read for safetensors and GGUF.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "command_registry.h"
+#include "corelm/error.h"
+#include "corelm/gguf.h"
+#include "corelm/llama2c.h"
+#include "corelm/safetensors.h"
+
+namespace corelm::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+struct InspectArgs {
+  std::string path;
+  bool json = false;
+};
+
+ojson tensor_entry(const std::string& name, const std::string& dtype, const Shape& shape, int64_t& total) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  total += n;
+  return {{"name", name}, {"dtype", dtype}, {"shape", shape}};
+}
+
+ojson gguf_value_json(const io::GGUFValue& v) {
+  using T = io::GGUFType;
+  switch (v.type) {
+    case T::String: return v.s;
+    case T::Bool: return v.i != 0;
+    case T::Float32: case T::Float64: return v.f;
+    case T::Uint64: return v.u;
+    case T::Array:
+      // Vocabularies hold 10^5 entries: a summary says enough.
+      if (v.array.size() > 16)
+        return "[" + std::to_string(v.array.size()) + " x " + io::gguf_type_name(v.array_type) + "]";
+      else {
+        ojson a = ojson::array();
+        for (const auto& e : v.array) a.push_back(gguf_value_json(e));
+        return a;
+      }
+    default: return v.as_int();
+  }
+}
+
+std::string detect(const std::string& path) {
+  if (fs::is_directory(path)) return "directory";
+  std::ifstream in(path, std::ios::binary);
+  CORELM_CHECK(in.good(), IOError, "inspect: cannot open '", path, "'");
+  char head[9] = {};
+  in.read(head, 9);
+  if (in.gcount() >= 4 && std::memcmp(head, "GGUF", 4) == 0) return "gguf";
+  if (in.gcount() == 9 && head[8] == '{') return "safetensors";
+  return "llama2c";  // no magic of its own: its header is validated when read
+}
+
+ojson inspect(const std::string& path) {
+  std::string format = detect(path);
+  ojson out = {{"path", path}, {"format", format}};
+  ojson tensors = ojson::array();
+  int64_t total = 0;
+  std::string file = path;
+  if (format == "directory") {
+    const fs::path dir(path);
+    CORELM_CHECK(fs::exists(dir / "model.safetensors"), IOError, "inspect: '", path, "' has no model.safetensors");
+    if (fs::exists(dir / "config.json")) out["config"] = ojson::parse(std::ifstream(dir / "config.json"));
+    file = (dir / "model.safetensors").string();
+    format = "safetensors";
+  }
+  if (format == "safetensors") {
+    auto f = io::SafetensorsFile::open(file);
+    if (!f.metadata().empty()) out["metadata"] = f.metadata();
+    for (const auto& name : f.names()) {
+      Tensor t = f.get(name);
+      tensors.push_back(tensor_entry(name, dtype_name(t.dtype()), t.shape(), total));
+    }
+  } else if (format == "gguf") {
+    auto f = io::GGUFFile::open(file);
+    out["version"] = f.version();
+    ojson meta = ojson::object();
+    for (const auto& [k, v] : f.metadata()) meta[k] = gguf_value_json(v);
+    out["metadata"] = meta;
+    for (const auto& t : f.tensors()) tensors.push_back(tensor_entry(t.name, io::ggml_type_name(t.type), t.shape(), total));
+    try {
+      out["config"] = io::load_gguf_model(file).config;
+    } catch (const Error& e) {
+      out["config_error"] = e.what();  // not a Llama/Qwen2 model file (e.g. vocab-only)
+    }
+  } else {
+    auto ck = io::load_llama2c_checkpoint(file);
+    out["config"] = ck.config;
+    for (const auto& [name, t] : ck.tensors) tensors.push_back(tensor_entry(name, "f32", t.shape(), total));
+  }
+  out["tensors"] = tensors;
+  out["num_parameters"] = total;
+  return out;
+}
+
+void run(const InspectArgs& args) {
+  const ojson r = inspect(args.path);
+  if (args.json) {
+    std::cout << r.dump(2) << "\n";
+    return;
+  }
+  std::cout << "path:       " << r["path"].get<std::string>() << "\nformat:     " << r["format"].get<std::string>();
+  if (r.contains("version")) std::cout << " v" << r["version"];
+  std::cout << "\n";
+  if (r.contains("config")) {
+    const auto& c = r["config"];
+    std::cout << "config:     " << c.value("model_type", std::string("?")) << ", vocab " << c.value("vocab_size", 0)
+              << ", hidden " << c.value("hidden_size", 0) << ", layers " << c.value("num_hidden_layers", 0)
+              << ", heads " << c.value("num_attention_heads", 0) << "/" << c.value("num_key_value_heads", 0)
+              << ", ffn " << c.value("intermediate_size", 0) << ", context " << c.value("max_position_embeddings", 0)
+              << ", tied " << (c.value("tie_word_embeddings", false) ? "yes" : "no") << "\n";
+  }
+  if (r.contains("metadata"))
+    for (const auto& [k, v] : r["metadata"].items()) std::cout << "  " << k << " = " << v.dump() << "\n";
+  std::cout << "tensors:    " << r["tensors"].size() << "\n";
+  for (const auto& t : r["tensors"])
+    std::cout << "  " << t["name"].get<std::string>() << "  " << t["dtype"].get<std::string>() << "  "
+              << t["shape"].dump() << "\n";
+  std::cout << "parameters: " << r["num_parameters"].get<int64_t>() << "\n";
+}
+
+RegisterCommand reg([](CLI::App& root) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* c = root.add_subcommand("inspect", "Show a checkpoint's format, config, tensors and parameter count "
+                                               "(safetensors, GGUF, llama2.c .bin, or a model directory)");
+  c->add_option("path", args->path, "model file or directory")->required();
+  c->add_flag("--json", args->json, "print JSON");
+  c->callback([args] { run(*args); });
+});
+
+}  // namespace
+}  // namespace corelm::cli

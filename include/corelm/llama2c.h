@@ -1,0 +1,75 @@
+// llama2.c interop: the "v0" checkpoint (.bin: 7 x int32 header, then fp32 weights in llama2.c
+// order) and the tokenizer.bin vocabulary (pieces + scores), with run.c's encode/decode rules.
+// The io layer knows nothing of the model: a checkpoint becomes a Hugging Face config.json
+// object plus tensors under HF Llama names, ready for model::ModelConfig::from_json and
+// Decoder::load_parameter.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "corelm/gguf.h"
+#include "corelm/tensor.h"
+
+namespace corelm::io {
+
+struct Llama2cHeader {
+  int32_t dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, vocab_size = 0, seq_len = 0;
+  bool shared_classifier = true;  // vocab_size > 0 in the file; negative means a separate wcls
+};
+
+struct Llama2cCheckpoint {
+  Llama2cHeader header;
+  nlohmann::json config;  // HF config.json keys (model_type llama, rms_norm_eps 1e-5, rope_theta 1e4)
+  // HF names: model.embed_tokens.weight, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
+  // post_attention_layernorm, mlp.{gate,up,down}_proj}.weight, model.norm.weight, lm_head.weight
+  // (untied only). q/k rows are un-permuted from llama2.c's interleaved RoPE pairs (2i, 2i+1) to
+  // HF's rotate-half pairs (i, i + head_dim/2).
+  std::vector<std::pair<std::string, Tensor>> tensors;
+};
+
+// IOError when unreadable; FormatError naming the file (and the tensor being read) for a bad
+// header or a size that does not match the header.
+Llama2cHeader read_llama2c_header(const std::string& path);
+Llama2cCheckpoint load_llama2c_checkpoint(const std::string& path);
+
+// llama2.c's tokenizer.bin: int32 max_token_length, then per token: f32 score, int32 len, bytes.
+class Llama2cTokenizer {
+ public:
+  static constexpr int64_t kBos = 1;
+  static constexpr int64_t kEos = 2;
+
+  // vocab_size: number of tokens to read (the checkpoint's); -1 reads to the end of the file.
+  static Llama2cTokenizer load(const std::string& path, int64_t vocab_size = -1);
+
+  int64_t vocab_size() const { return static_cast<int64_t>(pieces_.size()); }
+  const std::string& piece(int64_t id) const;  // IndexError when out of range
+  float score(int64_t id) const;
+  int64_t max_token_length() const { return max_token_length_; }
+
+  // run.c encode(): optional BOS, a dummy-prefix " " for non-empty text, per-UTF-8-codepoint
+  // lookup with byte fallback (<0xXX> = id byte+3), then repeated merge of the adjacent pair whose
+  // concatenation is the best-scoring vocab piece; optional EOS.
+  std::vector<int64_t> encode(const std::string& text, bool bos, bool eos) const;
+  // run.c decode(): the piece, without its leading space after BOS, <0xXX> pieces as that byte.
+  std::string decode(int64_t prev, int64_t id) const;
+  // run.c safe_printf(): what it would print for that piece (nothing for a lone control byte;
+  // C-string semantics, so output stops at a NUL byte).
+  static std::string printable(const std::string& piece);
+
+  // The vocabulary as llama.cpp's SentencePiece ("llama") tokenizer keys: tokenizer.ggml.model,
+  // tokens (spaces as U+2581, BOS/EOS as <s>/</s>), scores, token_type (2 unknown, 3 control,
+  // 6 byte, 1 normal), bos/eos/unknown ids and add_bos_token.
+  std::vector<std::pair<std::string, GGUFValue>> gguf_metadata() const;
+
+ private:
+  int64_t lookup(const std::string& s) const;
+  std::vector<std::string> pieces_;
+  std::vector<float> scores_;
+  std::vector<std::pair<std::string, int64_t>> sorted_;  // piece -> id, for lookups
+  int64_t max_token_length_ = 0;
+};
+
+}  // namespace corelm::io

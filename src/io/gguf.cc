@@ -1,0 +1,517 @@
+// GGUF reader (mmap + full validation) and atomic writer. Layout reference: ggml's gguf spec
+// (docs/gguf.md in ggml/llama.cpp); written from the spec, not from its code.
+#include "corelm/gguf.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "corelm/error.h"
+#include "io/atomic_writer.h"
+
+namespace corelm::io {
+
+static_assert(std::endian::native == std::endian::little, "GGUF I/O assumes a little-endian host");
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr uint64_t kQ8Bytes = 2 + 32, kQ4Bytes = 2 + 16;
+constexpr uint32_t kMaxDims = 4;
+// Arrays of arrays are legal but unused in practice; the bound stops a crafted file from
+// recursing without end. Element counts are bounded by the bytes left in the file.
+constexpr uint64_t kMaxArrayNesting = 4;
+
+bool known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GGUFType::Float64); }
+bool known_ggml_type(uint32_t t) { return t == 0 || t == 1 || t == 2 || t == 8 || t == 30; }
+bool is_block_type(GGMLType t) { return t == GGMLType::Q8_0 || t == GGMLType::Q4_0; }
+
+size_t scalar_size(GGUFType t) {
+  switch (t) {
+    case GGUFType::Uint8: case GGUFType::Int8: case GGUFType::Bool: return 1;
+    case GGUFType::Uint16: case GGUFType::Int16: return 2;
+    case GGUFType::Uint32: case GGUFType::Int32: case GGUFType::Float32: return 4;
+    case GGUFType::Uint64: case GGUFType::Int64: case GGUFType::Float64: return 8;
+    default: return 0;
+  }
+}
+bool is_unsigned(GGUFType t) {
+  return t == GGUFType::Uint8 || t == GGUFType::Uint16 || t == GGUFType::Uint32 || t == GGUFType::Uint64;
+}
+
+// Bounds-checked cursor over the mapped bytes; every failure names the file and what was read.
+class Cursor {
+ public:
+  Cursor(const uint8_t* base, uint64_t size, const std::string& path) : base_(base), size_(size), path_(path) {}
+  uint64_t pos() const { return pos_; }
+  uint64_t left() const { return size_ - pos_; }
+  void need(uint64_t n, const std::string& what) const {
+    CORELM_CHECK(n <= left(), FormatError, "GGUF '", path_, "': truncated while reading ", what, " (needs ", n,
+                 " bytes at offset ", pos_, ", file is ", size_, " bytes)");
+  }
+  template <typename T> T read(const std::string& what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, base_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string string(const std::string& what) {
+    const uint64_t n = read<uint64_t>(what + " length");
+    need(n, what + " (length " + std::to_string(n) + ")");
+    std::string s(reinterpret_cast<const char*>(base_ + pos_), n);
+    pos_ += n;
+    return s;
+  }
+
+ private:
+  const uint8_t* base_;
+  uint64_t size_, pos_ = 0;
+  const std::string& path_;
+};
+
+GGUFValue read_value(Cursor& c, GGUFType type, const std::string& what, const std::string& path, int depth) {
+  GGUFValue v;
+  v.type = type;
+  switch (type) {
+    case GGUFType::Uint8: v.u = c.read<uint8_t>(what); break;
+    case GGUFType::Uint16: v.u = c.read<uint16_t>(what); break;
+    case GGUFType::Uint32: v.u = c.read<uint32_t>(what); break;
+    case GGUFType::Uint64: v.u = c.read<uint64_t>(what); break;
+    case GGUFType::Int8: v.i = c.read<int8_t>(what); break;
+    case GGUFType::Int16: v.i = c.read<int16_t>(what); break;
+    case GGUFType::Int32: v.i = c.read<int32_t>(what); break;
+    case GGUFType::Int64: v.i = c.read<int64_t>(what); break;
+    case GGUFType::Bool: {
+      const uint8_t b = c.read<uint8_t>(what);
+      CORELM_CHECK(b <= 1, FormatError, "GGUF '", path, "': ", what, " is a bool with byte value ", int(b));
+      v.i = b;
+      break;
+    }
+    case GGUFType::Float32: v.f = c.read<float>(what); break;
+    case GGUFType::Float64: v.f = c.read<double>(what); break;
+    case GGUFType::String: v.s = c.string(what); break;
+    case GGUFType::Array: {
+      CORELM_CHECK(depth < static_cast<int>(kMaxArrayNesting), FormatError, "GGUF '", path, "': ", what,
+                   " nests arrays deeper than ", kMaxArrayNesting);
+      const uint32_t et = c.read<uint32_t>(what + " element type");
+      CORELM_CHECK(known_value_type(et), FormatError, "GGUF '", path, "': ", what, " has unknown element type ", et);
+      v.array_type = static_cast<GGUFType>(et);
+      const uint64_t n = c.read<uint64_t>(what + " element count");
+      // Each element takes at least one byte (strings 8): a count the rest of the file cannot hold is corrupt.
+      const uint64_t min_each = v.array_type == GGUFType::String ? 8 : std::max<size_t>(1, scalar_size(v.array_type));
+      CORELM_CHECK(n <= c.left() / min_each, FormatError, "GGUF '", path, "': ", what, " claims ", n,
+                   " elements, more than the remaining ", c.left(), " bytes can hold");
+      v.array.reserve(n);
+      for (uint64_t k = 0; k < n; ++k) v.array.push_back(read_value(c, v.array_type, what, path, depth + 1));
+      break;
+    }
+  }
+  return v;
+}
+
+void put_value(std::string& out, const GGUFValue& v) {
+  auto put = [&](const auto& x) { out.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
+  switch (v.type) {
+    case GGUFType::Uint8: put(static_cast<uint8_t>(v.u)); break;
+    case GGUFType::Uint16: put(static_cast<uint16_t>(v.u)); break;
+    case GGUFType::Uint32: put(static_cast<uint32_t>(v.u)); break;
+    case GGUFType::Uint64: put(static_cast<uint64_t>(v.u)); break;
+    case GGUFType::Int8: put(static_cast<int8_t>(v.i)); break;
+    case GGUFType::Int16: put(static_cast<int16_t>(v.i)); break;
+    case GGUFType::Int32: put(static_cast<int32_t>(v.i)); break;
+    case GGUFType::Int64: put(static_cast<int64_t>(v.i)); break;
+    case GGUFType::Bool: put(static_cast<uint8_t>(v.i != 0)); break;
+    case GGUFType::Float32: put(static_cast<float>(v.f)); break;
+    case GGUFType::Float64: put(static_cast<double>(v.f)); break;
+    case GGUFType::String: put(static_cast<uint64_t>(v.s.size())); out += v.s; break;
+    case GGUFType::Array:
+      put(static_cast<uint32_t>(v.array_type));
+      put(static_cast<uint64_t>(v.array.size()));
+      for (const auto& e : v.array) {
+        CORELM_CHECK(e.type == v.array_type, ValueError, "GGUF: array of ", gguf_type_name(v.array_type),
+                     " holds a ", gguf_type_name(e.type));
+        put_value(out, e);
+      }
+      break;
+  }
+}
+
+void put_string(std::string& out, const std::string& s) {
+  const uint64_t n = s.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out += s;
+}
+
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+const char* gguf_type_name(GGUFType t) {
+  static const char* names[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
+                                "bool", "string", "array", "uint64", "int64", "float64"};
+  const auto i = static_cast<uint32_t>(t);
+  return i < 13 ? names[i] : "unknown";
+}
+
+const char* ggml_type_name(GGMLType t) {
+  switch (t) {
+    case GGMLType::F32: return "F32";
+    case GGMLType::F16: return "F16";
+    case GGMLType::Q4_0: return "Q4_0";
+    case GGMLType::Q8_0: return "Q8_0";
+    case GGMLType::BF16: return "BF16";
+  }
+  return "unknown";
+}
+
+uint64_t ggml_nbytes(GGMLType t, int64_t numel) {
+  const auto n = static_cast<uint64_t>(numel);
+  switch (t) {
+    case GGMLType::F32: return n * 4;
+    case GGMLType::F16: case GGMLType::BF16: return n * 2;
+    case GGMLType::Q8_0: return n / kBlock * kQ8Bytes;
+    case GGMLType::Q4_0: return n / kBlock * kQ4Bytes;
+  }
+  return 0;
+}
+
+// ---- values ---------------------------------------------------------------------------------
+
+GGUFValue GGUFValue::of(GGUFType t, int64_t x) {
+  GGUFValue v;
+  v.type = t;
+  CORELM_CHECK(scalar_size(t) > 0 && t != GGUFType::Float32 && t != GGUFType::Float64, ValueError,
+               "GGUFValue::of: ", gguf_type_name(t), " is not an integer or bool type");
+  if (is_unsigned(t)) v.u = static_cast<uint64_t>(x);
+  else v.i = t == GGUFType::Bool ? (x != 0) : x;
+  return v;
+}
+GGUFValue GGUFValue::of_float(GGUFType t, double x) {
+  CORELM_CHECK(t == GGUFType::Float32 || t == GGUFType::Float64, ValueError, "GGUFValue::of_float: ",
+               gguf_type_name(t), " is not a float type");
+  GGUFValue v;
+  v.type = t;
+  v.f = t == GGUFType::Float32 ? static_cast<double>(static_cast<float>(x)) : x;
+  return v;
+}
+GGUFValue GGUFValue::of_string(std::string x) {
+  GGUFValue v;
+  v.type = GGUFType::String;
+  v.s = std::move(x);
+  return v;
+}
+GGUFValue GGUFValue::of_array(GGUFType et, std::vector<GGUFValue> values) {
+  GGUFValue v;
+  v.type = GGUFType::Array;
+  v.array_type = et;
+  v.array = std::move(values);
+  return v;
+}
+GGUFValue GGUFValue::of_strings(const std::vector<std::string>& values) {
+  std::vector<GGUFValue> vs;
+  vs.reserve(values.size());
+  for (const auto& s : values) vs.push_back(of_string(s));
+  return of_array(GGUFType::String, std::move(vs));
+}
+int64_t GGUFValue::as_int() const {
+  CORELM_CHECK(scalar_size(type) > 0 && type != GGUFType::Float32 && type != GGUFType::Float64, ValueError,
+               "GGUF value of type ", gguf_type_name(type), " is not an integer");
+  return is_unsigned(type) ? static_cast<int64_t>(u) : i;
+}
+double GGUFValue::as_float() const {
+  if (type == GGUFType::Float32 || type == GGUFType::Float64) return f;
+  return static_cast<double>(as_int());
+}
+const std::string& GGUFValue::as_string() const {
+  CORELM_CHECK(type == GGUFType::String, ValueError, "GGUF value of type ", gguf_type_name(type), " is not a string");
+  return s;
+}
+bool GGUFValue::operator==(const GGUFValue& o) const {
+  if (type != o.type) return false;
+  if (type == GGUFType::Array) return array_type == o.array_type && array == o.array;
+  if (type == GGUFType::String) return s == o.s;
+  if (type == GGUFType::Float32 || type == GGUFType::Float64) return f == o.f || (std::isnan(f) && std::isnan(o.f));
+  return as_int() == o.as_int();
+}
+
+Shape GGUFTensorInfo::shape() const { return Shape(ne.rbegin(), ne.rend()); }
+
+// ---- quantisation -------------------------------------------------------------------------
+
+void quantize_q8_0(const float* x, int64_t n, uint8_t* out) {
+  for (int64_t b = 0; b < n / kBlock; ++b, x += kBlock, out += kQ8Bytes) {
+    float amax = 0;
+    for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::abs(x[j]));
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    const f16 dh = float_to_f16(d);
+    std::memcpy(out, &dh, 2);
+    for (int64_t j = 0; j < kBlock; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
+  }
+}
+void dequantize_q8_0(const uint8_t* in, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kBlock; ++b, in += kQ8Bytes, y += kBlock) {
+    f16 dh;
+    std::memcpy(&dh, in, 2);
+    const float d = f16_to_float(dh);
+    for (int64_t j = 0; j < kBlock; ++j) y[j] = static_cast<float>(static_cast<int8_t>(in[2 + j])) * d;
+  }
+}
+// Q4_0: scale d = (the value of largest magnitude) / -8, codes q in 0..15 meaning (q - 8) * d;
+// byte j holds value j in its low nibble and value j + 16 in its high nibble.
+void quantize_q4_0(const float* x, int64_t n, uint8_t* out) {
+  for (int64_t b = 0; b < n / kBlock; ++b, x += kBlock, out += kQ4Bytes) {
+    float amax = 0, mx = 0;
+    for (int64_t j = 0; j < kBlock; ++j)
+      if (std::abs(x[j]) > amax) amax = std::abs(x[j]), mx = x[j];
+    const float d = mx / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    const f16 dh = float_to_f16(d);
+    std::memcpy(out, &dh, 2);
+    auto code = [&](float v) { return static_cast<uint8_t>(std::min(15, static_cast<int>(v * id + 8.5f))); };
+    for (int64_t j = 0; j < kBlock / 2; ++j)
+      out[2 + j] = static_cast<uint8_t>(code(x[j]) | (code(x[j + kBlock / 2]) << 4));
+  }
+}
+void dequantize_q4_0(const uint8_t* in, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kBlock; ++b, in += kQ4Bytes, y += kBlock) {
+    f16 dh;
+    std::memcpy(&dh, in, 2);
+    const float d = f16_to_float(dh);
+    for (int64_t j = 0; j < kBlock / 2; ++j) {
+      y[j] = static_cast<float>((in[2 + j] & 0x0F) - 8) * d;
+      y[j + kBlock / 2] = static_cast<float>((in[2 + j] >> 4) - 8) * d;
+    }
+  }
+}
+
+// ---- reader ---------------------------------------------------------------------------------
+
+GGUFFile GGUFFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IOError("cannot open GGUF file '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw IOError("'" + path + "' is not a regular file");
+  }
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 24) {
+    ::close(fd);
+    throw FormatError("GGUF '" + path + "': file is " + std::to_string(file_size) +
+                      " bytes, too short for the 24-byte header (truncated?)");
+  }
+  void* addr = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
+  ::close(fd);
+  if (addr == MAP_FAILED) throw IOError("cannot mmap '" + path + "': " + std::strerror(map_err));
+  std::shared_ptr<void> keep(addr, [file_size](void* p) { ::munmap(p, file_size); });
+
+  GGUFFile f;
+  f.path_ = path;
+  f.mapping_ = Storage::wrap(addr, file_size, keep);
+  Cursor c(static_cast<const uint8_t*>(addr), file_size, f.path_);
+  const auto magic = c.read<uint32_t>("magic");
+  CORELM_CHECK(std::memcmp(&magic, "GGUF", 4) == 0, FormatError, "GGUF '", path,
+               "': bad magic (not a GGUF file)");
+  f.version_ = c.read<uint32_t>("version");
+  CORELM_CHECK(f.version_ == 2 || f.version_ == 3, FormatError, "GGUF '", path, "': unsupported version ",
+               f.version_, " (supported: 2, 3)");
+  const auto n_tensors = c.read<uint64_t>("tensor count");
+  const auto n_kv = c.read<uint64_t>("metadata count");
+  // A key/value takes at least 8 + 4 + 1 bytes and a tensor info at least 8 + 4 + 8 + 4 + 8.
+  CORELM_CHECK(n_kv <= c.left() / 13, FormatError, "GGUF '", path, "': metadata count ", n_kv,
+               " is more than the file's ", file_size, " bytes can hold (truncated or corrupt)");
+  CORELM_CHECK(n_tensors <= c.left() / 32, FormatError, "GGUF '", path, "': tensor count ", n_tensors,
+               " is more than the file's ", file_size, " bytes can hold (truncated or corrupt)");
+
+  std::set<std::string> keys;
+  for (uint64_t k = 0; k < n_kv; ++k) {
+    const std::string what = "metadata key #" + std::to_string(k);
+    std::string key = c.string(what);
+    const auto t = c.read<uint32_t>("type of metadata '" + key + "'");
+    CORELM_CHECK(known_value_type(t), FormatError, "GGUF '", path, "': metadata '", key, "' has unknown type ", t);
+    CORELM_CHECK(keys.insert(key).second, FormatError, "GGUF '", path, "': duplicate metadata key '", key, "'");
+    GGUFValue v = read_value(c, static_cast<GGUFType>(t), "metadata '" + key + "'", path, 0);
+    f.metadata_.emplace_back(std::move(key), std::move(v));
+  }
+  if (const GGUFValue* a = f.find("general.alignment")) {
+    CORELM_CHECK(a->type == GGUFType::Uint32 && a->u > 0 && (a->u & (a->u - 1)) == 0, FormatError, "GGUF '", path,
+                 "': general.alignment must be a power-of-two uint32, got ", gguf_type_name(a->type), " ",
+                 a->as_float());
+    f.alignment_ = a->u;
+  }
+
+  std::set<std::string> names;
+  for (uint64_t k = 0; k < n_tensors; ++k) {
+    GGUFTensorInfo info;
+    info.name = c.string("name of tensor #" + std::to_string(k));
+    const std::string w = "GGUF '" + path + "': tensor '" + info.name + "': ";
+    CORELM_CHECK(names.insert(info.name).second, FormatError, w, "duplicate tensor name");
+    const auto n_dims = c.read<uint32_t>("n_dims of tensor '" + info.name + "'");
+    CORELM_CHECK(n_dims >= 1 && n_dims <= kMaxDims, FormatError, w, n_dims, " dimensions (1..", kMaxDims, " allowed)");
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      const auto ne = c.read<uint64_t>("dims of tensor '" + info.name + "'");
+      CORELM_CHECK(ne > 0 && ne <= file_size * 2 && numel <= (file_size * 2) / ne, FormatError, w, "dimension ", d,
+                   " = ", ne, " is impossible for a ", file_size, "-byte file");
+      numel *= ne;
+      info.ne.push_back(static_cast<int64_t>(ne));
+    }
+    const auto t = c.read<uint32_t>("type of tensor '" + info.name + "'");
+    CORELM_CHECK(known_ggml_type(t), FormatError, w, "unsupported ggml type ", t,
+                 " (supported: F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30)");
+    info.type = static_cast<GGMLType>(t);
+    CORELM_CHECK(!is_block_type(info.type) || info.ne[0] % kBlock == 0, FormatError, w, "first dimension ",
+                 info.ne[0], " is not a multiple of the ", ggml_type_name(info.type), " block size 32");
+    info.offset = c.read<uint64_t>("offset of tensor '" + info.name + "'");
+    CORELM_CHECK(info.offset % f.alignment_ == 0, FormatError, w, "offset ", info.offset,
+                 " is not a multiple of the alignment ", f.alignment_);
+    info.nbytes = ggml_nbytes(info.type, static_cast<int64_t>(numel));
+    f.tensors_.push_back(std::move(info));
+  }
+  f.data_start_ = align_up(c.pos(), f.alignment_);
+  const uint64_t data_size = file_size >= f.data_start_ ? file_size - f.data_start_ : 0;
+  CORELM_CHECK(f.tensors_.empty() || file_size >= f.data_start_, FormatError, "GGUF '", path,
+               "': truncated before the data section (", file_size, " bytes, data would start at ", f.data_start_,
+               ")");
+  // Sorted by offset, each tensor must fit in the data section and not overlap the next.
+  std::vector<const GGUFTensorInfo*> order;
+  for (const auto& t : f.tensors_) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  for (size_t k = 0; k < order.size(); ++k) {
+    const auto& t = *order[k];
+    CORELM_CHECK(t.offset <= data_size && t.nbytes <= data_size - t.offset, FormatError, "GGUF '", path,
+                 "': tensor '", t.name, "' (", ggml_type_name(t.type), ", ", t.nbytes, " bytes at data offset ",
+                 t.offset, ") runs past the end of the file (data section is ", data_size, " bytes; truncated?)");
+    if (k + 1 < order.size())
+      CORELM_CHECK(t.offset + t.nbytes <= order[k + 1]->offset, FormatError, "GGUF '", path, "': tensor '", t.name,
+                   "' overlaps tensor '", order[k + 1]->name, "'");
+  }
+  return f;
+}
+
+const GGUFValue* GGUFFile::find(const std::string& key) const {
+  for (const auto& [k, v] : metadata_)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+const GGUFValue& GGUFFile::at(const std::string& key) const {
+  const GGUFValue* v = find(key);
+  CORELM_CHECK(v != nullptr, IndexError, "GGUF '", path_, "': no metadata key '", key, "'");
+  return *v;
+}
+
+const GGUFTensorInfo& GGUFFile::info(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return t;
+  throw IndexError("GGUF '" + path_ + "': no tensor named '" + name + "'");
+}
+
+Tensor GGUFFile::get(const std::string& name) const {
+  const GGUFTensorInfo& t = info(name);
+  const uint64_t byte_off = data_start_ + t.offset;
+  const auto* src = static_cast<const uint8_t*>(mapping_->data()) + byte_off;
+  const Shape shape = t.shape();
+  int64_t numel = 1;
+  for (auto d : t.ne) numel *= d;
+  auto view_or_copy = [&](DType dt) {
+    const size_t es = dtype_size(dt);
+    if (byte_off % es == 0) return Tensor::from_storage(mapping_, shape, dt, static_cast<int64_t>(byte_off / es));
+    Tensor out = Tensor::empty(shape, dt);
+    std::memcpy(out.raw_data(), src, t.nbytes);
+    return out;
+  };
+  switch (t.type) {
+    case GGMLType::F32: return view_or_copy(DType::F32);
+    case GGMLType::F16: return view_or_copy(DType::F16);
+    case GGMLType::BF16: return view_or_copy(DType::BF16);
+    case GGMLType::Q8_0: {
+      Tensor out = Tensor::empty(shape);
+      dequantize_q8_0(src, numel, out.data<float>());
+      return out;
+    }
+    case GGMLType::Q4_0: {
+      Tensor out = Tensor::empty(shape);
+      dequantize_q4_0(src, numel, out.data<float>());
+      return out;
+    }
+  }
+  throw FormatError("GGUF '" + path_ + "': tensor '" + name + "' has an unsupported type");
+}
+
+// ---- writer ---------------------------------------------------------------------------------
+
+void save_gguf(const std::string& path, const std::vector<std::pair<std::string, GGUFValue>>& metadata,
+               const std::vector<GGUFWriteTensor>& tensors) {
+  uint64_t alignment = 32;
+  std::set<std::string> keys, names;
+  for (const auto& [k, v] : metadata) {
+    CORELM_CHECK(keys.insert(k).second, ValueError, "save_gguf '", path, "': duplicate metadata key '", k, "'");
+    if (k == "general.alignment") {
+      CORELM_CHECK(v.type == GGUFType::Uint32 && v.u > 0 && (v.u & (v.u - 1)) == 0, ValueError, "save_gguf '", path,
+                   "': general.alignment must be a power-of-two uint32");
+      alignment = v.u;
+    }
+  }
+  std::string header("GGUF", 4);
+  auto put = [&](const auto& x) { header.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
+  put(uint32_t{3});
+  put(static_cast<uint64_t>(tensors.size()));
+  put(static_cast<uint64_t>(metadata.size()));
+  for (const auto& [k, v] : metadata) {
+    put_string(header, k);
+    put(static_cast<uint32_t>(v.type));
+    put_value(header, v);
+  }
+  // Tensor data, each converted to its ggml type and placed at an aligned offset.
+  std::vector<std::string> blobs;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    const std::string w = "save_gguf '" + path + "': tensor '" + t.name + "': ";
+    CORELM_CHECK(names.insert(t.name).second, ValueError, w, "duplicate name");
+    CORELM_CHECK(t.value.defined() && t.value.dim() >= 1 && t.value.dim() <= static_cast<int64_t>(kMaxDims),
+                 ValueError, w, "needs 1..4 dimensions");
+    const int64_t n = t.value.numel(), last = t.value.size(-1);
+    CORELM_CHECK(!is_block_type(t.type) || last % kBlock == 0, ValueError, w, "last dimension ", last,
+                 " is not a multiple of the ", ggml_type_name(t.type), " block size 32");
+    std::string blob(ggml_nbytes(t.type, n), '\0');
+    auto* dst = reinterpret_cast<uint8_t*>(blob.data());
+    auto copy_as = [&](DType dt) {
+      Tensor c = t.value.to(dt).contiguous();
+      std::memcpy(dst, c.raw_data(), blob.size());
+    };
+    switch (t.type) {
+      case GGMLType::F32: copy_as(DType::F32); break;
+      case GGMLType::F16: copy_as(DType::F16); break;
+      case GGMLType::BF16: copy_as(DType::BF16); break;
+      case GGMLType::Q8_0: quantize_q8_0(t.value.to(DType::F32).contiguous().data<float>(), n, dst); break;
+      case GGMLType::Q4_0: quantize_q4_0(t.value.to(DType::F32).contiguous().data<float>(), n, dst); break;
+    }
+    put_string(header, t.name);
+    put(static_cast<uint32_t>(t.value.dim()));
+    for (int64_t d = t.value.dim() - 1; d >= 0; --d) put(static_cast<uint64_t>(t.value.size(d)));
+    put(static_cast<uint32_t>(t.type));
+    put(offset);
+    offset = align_up(offset + blob.size(), alignment);
+    blobs.push_back(std::move(blob));
+  }
+  header.resize(align_up(header.size(), alignment), '\0');
+  AtomicWriter out(path);
+  out.write(header);
+  for (auto& b : blobs) {
+    b.resize(align_up(b.size(), alignment), '\0');
+    out.write(b);
+  }
+  out.commit();
+}
+
+}  // namespace corelm::io

@@ -1,0 +1,220 @@
+// HF <-> llama.cpp mapping for Llama/Qwen2 GGUF files: tensor names, architecture metadata and
+// the q/k row permutation (see gguf.h).
+#include <cstring>
+#include <map>
+#include <regex>
+
+#include "corelm/error.h"
+#include "corelm/gguf.h"
+
+namespace corelm::io {
+
+namespace {
+
+const std::vector<std::pair<std::string, std::string>>& layer_names() {
+  static const std::vector<std::pair<std::string, std::string>> m = {
+      {"input_layernorm", "attn_norm"},       {"self_attn.q_proj", "attn_q"},
+      {"self_attn.k_proj", "attn_k"},         {"self_attn.v_proj", "attn_v"},
+      {"self_attn.o_proj", "attn_output"},    {"post_attention_layernorm", "ffn_norm"},
+      {"mlp.gate_proj", "ffn_gate"},          {"mlp.up_proj", "ffn_up"},
+      {"mlp.down_proj", "ffn_down"}};
+  return m;
+}
+
+// to_interleaved: HF rotate-half rows (h, i) -> (i, h) within each head (llama.cpp's layout);
+// otherwise the inverse. Works for weights [rows, in] and biases [rows].
+Tensor permute_rows(const Tensor& w, int64_t n_heads, bool to_interleaved) {
+  Tensor src = w.to(DType::F32).contiguous();
+  const int64_t rows = src.size(0), width = src.numel() / rows, hd = rows / n_heads;
+  Tensor out = Tensor::empty(src.shape());
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t r = 0; r < hd; ++r) {
+      const int64_t inter = r < hd / 2 ? 2 * r : 2 * (r - hd / 2) + 1;  // rotate-half row r -> interleaved row
+      const int64_t s = to_interleaved ? r : inter, d = to_interleaved ? inter : r;
+      std::memcpy(out.data<float>() + (h * hd + d) * width, src.data<float>() + (h * hd + s) * width,
+                  static_cast<size_t>(width) * sizeof(float));
+    }
+  return out;
+}
+
+}  // namespace
+
+std::string gguf_name_from_hf(const std::string& hf) {
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  static const std::regex re(R"(model\.layers\.(\d+)\.(.+)\.(weight|bias))");
+  std::smatch m;
+  if (std::regex_match(hf, m, re))
+    for (const auto& [h, g] : layer_names())
+      if (m[2] == h) return "blk." + m[1].str() + "." + g + "." + m[3].str();
+  throw ValueError("gguf: no llama.cpp name for tensor '" + hf + "'");
+}
+
+std::string hf_name_from_gguf(const std::string& g) {
+  if (g == "token_embd.weight") return "model.embed_tokens.weight";
+  if (g == "output_norm.weight") return "model.norm.weight";
+  if (g == "output.weight") return "lm_head.weight";
+  static const std::regex re(R"(blk\.(\d+)\.(.+)\.(weight|bias))");
+  std::smatch m;
+  if (std::regex_match(g, m, re))
+    for (const auto& [h, gg] : layer_names())
+      if (m[2] == gg) return "model.layers." + m[1].str() + "." + h + "." + m[3].str();
+  throw ValueError("gguf: no Hugging Face name for tensor '" + g + "'");
+}
+
+void save_gguf_model(const std::string& path, const nlohmann::json& c,
+                     const std::vector<std::pair<std::string, Tensor>>& hf_tensors, GGMLType weight_type,
+                     const std::vector<std::pair<std::string, GGUFValue>>& extra) {
+  const std::string arch = c.value("model_type", std::string("llama"));
+  CORELM_CHECK(arch == "llama" || arch == "qwen2", ValueError, "save_gguf_model '", path, "': model_type '", arch,
+               "' not supported (llama, qwen2)");
+  const int64_t hidden = c.at("hidden_size"), heads = c.at("num_attention_heads");
+  const int64_t kv_heads = c.value("num_key_value_heads", heads);
+  const int64_t head_dim = c.value("head_dim", int64_t{0}) > 0 ? c.value("head_dim", int64_t{0}) : hidden / heads;
+  using T = GGUFType;
+  auto u32 = [](int64_t v) { return GGUFValue::of(T::Uint32, v); };
+  auto f32 = [](double v) { return GGUFValue::of_float(T::Float32, v); };
+  const uint32_t file_type = weight_type == GGMLType::F32 ? 0 : weight_type == GGMLType::F16 ? 1
+                             : weight_type == GGMLType::Q4_0 ? 2 : weight_type == GGMLType::Q8_0 ? 7 : 32;
+  std::vector<std::pair<std::string, GGUFValue>> kv = {
+      {"general.architecture", GGUFValue::of_string(arch)},
+      {"general.name", GGUFValue::of_string(c.value("_name_or_path", std::string("corelm")))},
+      {"general.file_type", u32(file_type)},
+      {arch + ".vocab_size", u32(c.at("vocab_size"))},
+      {arch + ".context_length", u32(c.value("max_position_embeddings", int64_t{2048}))},
+      {arch + ".embedding_length", u32(hidden)},
+      {arch + ".block_count", u32(c.at("num_hidden_layers"))},
+      {arch + ".feed_forward_length", u32(c.at("intermediate_size"))},
+      {arch + ".attention.head_count", u32(heads)},
+      {arch + ".attention.head_count_kv", u32(kv_heads)},
+      {arch + ".attention.key_length", u32(head_dim)},
+      {arch + ".attention.value_length", u32(head_dim)},
+      {arch + ".rope.dimension_count", u32(head_dim)},
+      {arch + ".rope.freq_base", f32(c.value("rope_theta", 10000.0))},
+      {arch + ".attention.layer_norm_rms_epsilon", f32(c.value("rms_norm_eps", 1e-5))},
+  };
+  for (const auto& e : extra) kv.push_back(e);
+
+  std::vector<GGUFWriteTensor> out;
+  for (const auto& [name, t] : hf_tensors) {
+    Tensor v = t;
+    const bool q = name.find("self_attn.q_proj.") != std::string::npos;
+    const bool k = name.find("self_attn.k_proj.") != std::string::npos;
+    if (arch == "llama" && (q || k)) v = permute_rows(v, q ? heads : kv_heads, /*to_interleaved=*/true);
+    GGMLType type = v.dim() == 1 ? GGMLType::F32 : weight_type;
+    if ((type == GGMLType::Q8_0 || type == GGMLType::Q4_0) && v.size(-1) % 32 != 0) type = GGMLType::F16;
+    out.push_back({gguf_name_from_hf(name), v, type});
+  }
+  save_gguf(path, kv, out);
+}
+
+GGUFModel load_gguf_model(const std::string& path) {
+  GGUFFile f = GGUFFile::open(path);
+  const std::string w = "GGUF '" + path + "': ";
+  const GGUFValue* a = f.find("general.architecture");
+  CORELM_CHECK(a && a->type == GGUFType::String, FormatError, w, "missing general.architecture");
+  const std::string arch = a->s;
+  CORELM_CHECK(arch == "llama" || arch == "qwen2", FormatError, w, "architecture '", arch,
+               "' not supported (llama, qwen2)");
+  auto num = [&](const std::string& key) -> const GGUFValue* {
+    const GGUFValue* v = f.find(arch + "." + key);
+    CORELM_CHECK(!v || v->type != GGUFType::String, FormatError, w, "key ", arch, ".", key, " is a string");
+    return v;
+  };
+  auto need = [&](const std::string& key) {
+    const GGUFValue* v = num(key);
+    CORELM_CHECK(v != nullptr, FormatError, w, "missing key ", arch, ".", key);
+    return v->as_float();
+  };
+  const auto hidden = static_cast<int64_t>(need("embedding_length"));
+  const auto layers = static_cast<int64_t>(need("block_count"));
+  const auto ffn = static_cast<int64_t>(need("feed_forward_length"));
+  const auto heads = static_cast<int64_t>(need("attention.head_count"));
+  const auto kv_heads = num("attention.head_count_kv") ? static_cast<int64_t>(need("attention.head_count_kv")) : heads;
+  CORELM_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, FormatError, w, "head counts ", heads, "/",
+               kv_heads, " do not form whole KV groups");
+  const auto head_dim = num("attention.key_length") ? static_cast<int64_t>(need("attention.key_length")) : hidden / heads;
+  CORELM_CHECK(head_dim > 0 && head_dim % 2 == 0, FormatError, w, "head size ", head_dim, " is not even");
+  CORELM_CHECK(f.find(arch + ".rope.scaling.type") == nullptr, FormatError, w, "rope scaling is not supported");
+
+  GGUFModel m;
+  std::map<std::string, Tensor> by_name;
+  for (const auto& info : f.tensors()) {
+    std::string hf;
+    try {
+      hf = hf_name_from_gguf(info.name);
+    } catch (const ValueError&) {
+      if (info.name == "rope_freqs.weight") continue;  // precomputed RoPE table llama.cpp may add
+      throw FormatError(w + "tensor '" + info.name + "' is not a Llama/Qwen2 tensor");
+    }
+    by_name[hf] = f.get(info.name).to(DType::F32);
+  }
+  const GGUFValue* vocab_key = num("vocab_size");
+  const GGUFValue* tokens = f.find("tokenizer.ggml.tokens");
+  auto emb = by_name.find("model.embed_tokens.weight");
+  CORELM_CHECK(emb != by_name.end(), FormatError, w, "missing tensor 'token_embd.weight'");
+  const int64_t vocab = vocab_key ? vocab_key->as_int()
+                        : tokens  ? static_cast<int64_t>(tokens->array.size())
+                                  : emb->second.size(0);
+  const bool tied = by_name.count("lm_head.weight") == 0;
+  const bool bias = by_name.count("model.layers.0.self_attn.q_proj.bias") != 0;
+
+  auto expect = [&](const std::string& hf, const Shape& shape) {
+    auto it = by_name.find(hf);
+    CORELM_CHECK(it != by_name.end(), FormatError, w, "missing tensor '", gguf_name_from_hf(hf), "'");
+    CORELM_CHECK(it->second.shape() == shape, FormatError, w, "tensor '", gguf_name_from_hf(hf), "' has shape ",
+                 it->second.str(), " but the metadata implies ", Tensor::empty(shape).str());
+    Tensor v = it->second;
+    const bool q = hf.find("self_attn.q_proj.") != std::string::npos;
+    const bool k = hf.find("self_attn.k_proj.") != std::string::npos;
+    if (arch == "llama" && (q || k)) v = permute_rows(v, q ? heads : kv_heads, /*to_interleaved=*/false);
+    m.tensors.emplace_back(hf, v);
+    by_name.erase(it);
+  };
+  const int64_t qd = heads * head_dim, kvd = kv_heads * head_dim;
+  expect("model.embed_tokens.weight", {vocab, hidden});
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    expect(p + "input_layernorm.weight", {hidden});
+    expect(p + "self_attn.q_proj.weight", {qd, hidden});
+    expect(p + "self_attn.k_proj.weight", {kvd, hidden});
+    expect(p + "self_attn.v_proj.weight", {kvd, hidden});
+    if (bias) {
+      expect(p + "self_attn.q_proj.bias", {qd});
+      expect(p + "self_attn.k_proj.bias", {kvd});
+      expect(p + "self_attn.v_proj.bias", {kvd});
+    }
+    expect(p + "self_attn.o_proj.weight", {hidden, qd});
+    expect(p + "post_attention_layernorm.weight", {hidden});
+    expect(p + "mlp.gate_proj.weight", {ffn, hidden});
+    expect(p + "mlp.up_proj.weight", {ffn, hidden});
+    expect(p + "mlp.down_proj.weight", {hidden, ffn});
+  }
+  expect("model.norm.weight", {hidden});
+  if (!tied) expect("lm_head.weight", {vocab, hidden});
+  CORELM_CHECK(by_name.empty(), FormatError, w, "unexpected tensor '", gguf_name_from_hf(by_name.begin()->first),
+               "' (block_count ", layers, ")");
+
+  auto opt_float = [&](const std::string& key, double dflt) { return num(key) ? need(key) : dflt; };
+  m.config = {{"architectures", {arch == "llama" ? "LlamaForCausalLM" : "Qwen2ForCausalLM"}},
+              {"model_type", arch},
+              {"vocab_size", vocab},
+              {"hidden_size", hidden},
+              {"intermediate_size", ffn},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv_heads},
+              {"head_dim", head_dim},
+              {"max_position_embeddings", static_cast<int64_t>(opt_float("context_length", 2048))},
+              {"rms_norm_eps", opt_float("attention.layer_norm_rms_epsilon", 1e-5)},
+              {"rope_theta", opt_float("rope.freq_base", 10000.0)},
+              {"tie_word_embeddings", tied},
+              {"attention_bias", bias},
+              {"torch_dtype", "float32"}};
+  if (const GGUFValue* b = f.find("tokenizer.ggml.bos_token_id")) m.config["bos_token_id"] = b->as_int();
+  if (const GGUFValue* e = f.find("tokenizer.ggml.eos_token_id")) m.config["eos_token_id"] = e->as_int();
+  return m;
+}
+
+}  // namespace corelm::io

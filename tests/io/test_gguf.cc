@@ -1,0 +1,364 @@
+// GGUF reader/writer: metadata of every value type and tensors of every ggml type round trip,
+// the quantisation error bounds, and one negative test per kind of malformed file, each
+// checking that the message names the file (and the tensor or key).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "corelm/error.h"
+#include "corelm/gguf.h"
+#include "corelm/random.h"
+
+namespace corelm::io {
+namespace {
+
+namespace fs = std::filesystem;
+using KV = std::vector<std::pair<std::string, GGUFValue>>;
+
+class GGUFTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("corelm_gguf_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& n) const { return (dir_ / n).string(); }
+  static std::string slurp(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  static void write(const std::string& p, const std::string& b) { std::ofstream(p, std::ios::binary) << b; }
+  // Expects FormatError from opening `p` whose message contains every one of `parts`.
+  static void expect_format_error(const std::string& p, const std::vector<std::string>& parts) {
+    try {
+      GGUFFile::open(p);
+      ADD_FAILURE() << p << " opened";
+    } catch (const FormatError& e) {
+      for (const auto& s : parts) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
+    }
+  }
+  fs::path dir_;
+};
+
+// 0, 1, ..., n-1 as f32 (built by hand: these tests should not depend on dtype conversion).
+Tensor iota(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
+  return Tensor::from_vector(v, {n});
+}
+
+KV all_value_types() {
+  using T = GGUFType;
+  return {
+      {"general.architecture", GGUFValue::of_string("llama")},
+      {"t.u8", GGUFValue::of(T::Uint8, 200)},
+      {"t.i8", GGUFValue::of(T::Int8, -100)},
+      {"t.u16", GGUFValue::of(T::Uint16, 60000)},
+      {"t.i16", GGUFValue::of(T::Int16, -30000)},
+      {"t.u32", GGUFValue::of(T::Uint32, 4000000000ll)},
+      {"t.i32", GGUFValue::of(T::Int32, -2000000000)},
+      {"t.u64", GGUFValue::of(T::Uint64, 1ll << 62)},
+      {"t.i64", GGUFValue::of(T::Int64, -(1ll << 62))},
+      {"t.f32", GGUFValue::of_float(T::Float32, 0.1)},
+      {"t.f64", GGUFValue::of_float(T::Float64, 0.1)},
+      {"t.bool", GGUFValue::of(T::Bool, 1)},
+      {"t.str", GGUFValue::of_string(std::string("caf\xc3\xa9\0x", 7))},
+      {"tokenizer.ggml.tokens", GGUFValue::of_strings({"<unk>", "<s>", "</s>", "\xe2\x96\x81hi"})},
+      {"tokenizer.ggml.merges", GGUFValue::of_strings({"h i", "\xe2\x96\x81 hi"})},
+      {"tokenizer.ggml.scores", GGUFValue::of_array(T::Float32, {GGUFValue::of_float(T::Float32, -1.5),
+                                                                 GGUFValue::of_float(T::Float32, 2)})},
+      {"t.arr_i32", GGUFValue::of_array(T::Int32, {GGUFValue::of(T::Int32, -1), GGUFValue::of(T::Int32, 7)})},
+      {"t.nested", GGUFValue::of_array(T::Array, {GGUFValue::of_array(T::Uint8, {GGUFValue::of(T::Uint8, 3)})})},
+      {"t.empty", GGUFValue::of_array(T::Bool, {})},
+  };
+}
+
+TEST_F(GGUFTest, RoundTripsMetadataAndTensorsOfEveryType) {
+  Generator gen(7);
+  Tensor a = Tensor::randn({3, 64}, gen);
+  Tensor b = Tensor::randn({2, 3, 5}, gen);
+  Tensor c = Tensor::randn({4, 32}, gen);
+  KV kv = all_value_types();
+  std::vector<GGUFWriteTensor> ts = {{"f32", b, GGMLType::F32},      {"f16", a, GGMLType::F16},
+                                     {"bf16", a, GGMLType::BF16},    {"q8", a, GGMLType::Q8_0},
+                                     {"q4", c, GGMLType::Q4_0},      {"vec", iota(7), GGMLType::F32}};
+  save_gguf(path("m.gguf"), kv, ts);
+  auto f = GGUFFile::open(path("m.gguf"));
+  EXPECT_EQ(f.version(), 3u);
+  EXPECT_EQ(f.alignment(), 32u);
+  ASSERT_EQ(f.metadata().size(), kv.size());
+  for (size_t i = 0; i < kv.size(); ++i) {
+    EXPECT_EQ(f.metadata()[i].first, kv[i].first);
+    EXPECT_TRUE(f.metadata()[i].second == kv[i].second) << kv[i].first;
+  }
+  EXPECT_EQ(f.at("t.u32").as_int(), 4000000000ll);
+  EXPECT_EQ(f.at("t.str").as_string().size(), 7u);
+  EXPECT_THROW(f.at("t.str").as_int(), ValueError);
+  EXPECT_THROW(f.at("nope"), IndexError);
+  ASSERT_EQ(f.tensors().size(), ts.size());
+  EXPECT_EQ(f.info("f32").ne, (std::vector<int64_t>{5, 3, 2}));  // ggml order
+  EXPECT_EQ(f.get("f32").to_float_vector(), b.to_float_vector());
+  EXPECT_EQ(f.get("f32").shape(), (Shape{2, 3, 5}));
+  EXPECT_EQ(f.get("f16").dtype(), DType::F16);
+  EXPECT_EQ(f.get("f16").to_float_vector(), a.to(DType::F16).to_float_vector());
+  EXPECT_EQ(f.get("bf16").to_float_vector(), a.to(DType::BF16).to_float_vector());
+  EXPECT_EQ(f.get("vec").to_float_vector(), iota(7).to_float_vector());
+  for (const auto& t : f.tensors()) EXPECT_EQ(t.offset % 32, 0u) << t.name;
+  // Re-writing what we read gives the same bytes (F32 tensors, same metadata).
+  save_gguf(path("m2.gguf"), f.metadata(), {{"f32", f.get("f32"), GGMLType::F32}});
+  save_gguf(path("m3.gguf"), kv, {{"f32", b, GGMLType::F32}});
+  EXPECT_EQ(slurp(path("m2.gguf")), slurp(path("m3.gguf")));
+  EXPECT_THROW(f.get("missing"), IndexError);
+}
+
+TEST_F(GGUFTest, QuantisationErrorBounds) {
+  Generator gen(3);
+  Tensor x = Tensor::randn({8, 256}, gen);
+  save_gguf(path("q.gguf"), {}, {{"q8", x, GGMLType::Q8_0}, {"q4", x, GGMLType::Q4_0}});
+  auto f = GGUFFile::open(path("q.gguf"));
+  EXPECT_EQ(f.info("q8").nbytes, 8u * 256 / 32 * 34);
+  EXPECT_EQ(f.info("q4").nbytes, 8u * 256 / 32 * 18);
+  const auto xv = x.to_float_vector(), q8 = f.get("q8").to_float_vector(), q4 = f.get("q4").to_float_vector();
+  double worst8 = 0, worst4 = 0;
+  for (size_t blk = 0; blk < xv.size() / 32; ++blk) {
+    float amax = 0;
+    for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::abs(xv[blk * 32 + j]));
+    for (size_t j = 0; j < 32; ++j) {
+      const size_t k = blk * 32 + j;
+      // Q8_0: half a step (amax/127) plus the f16 rounding of the scale. Q4_0's codes span
+      // -8..7 steps of amax/8 with the extreme value at -8, so the opposite extreme is clamped
+      // to 7: up to one whole step there.
+      EXPECT_LE(std::abs(q8[k] - xv[k]), amax / 127 * 0.5 + amax * 1e-3 + 1e-7) << k;
+      EXPECT_LE(std::abs(q4[k] - xv[k]), amax / 8 + amax * 2e-3 + 1e-7) << k;
+      worst8 = std::max(worst8, std::abs(double(q8[k]) - xv[k]) / amax);
+      worst4 = std::max(worst4, std::abs(double(q4[k]) - xv[k]) / amax);
+    }
+  }
+  std::cout << "max |err|/amax per block: Q8_0 " << worst8 << ", Q4_0 " << worst4 << "\n";
+  EXPECT_THROW(save_gguf(path("bad.gguf"), {}, {{"odd", Tensor::zeros({2, 33}), GGMLType::Q8_0}}), ValueError);
+}
+
+TEST_F(GGUFTest, AlignmentKeyIsHonoured) {
+  KV kv = {{"general.alignment", GGUFValue::of(GGUFType::Uint32, 64)}};
+  save_gguf(path("a.gguf"), kv, {{"x", iota(3), GGMLType::F32}, {"y", iota(5), GGMLType::F32}});
+  auto f = GGUFFile::open(path("a.gguf"));
+  EXPECT_EQ(f.alignment(), 64u);
+  EXPECT_EQ(f.info("y").offset, 64u);
+  EXPECT_EQ(f.get("y").to_float_vector(), iota(5).to_float_vector());
+}
+
+class GGUFBadFiles : public GGUFTest {
+ protected:
+  // A valid file with one F32 tensor "blk.0.w" [2, 32]; returns its bytes.
+  std::string valid() {
+    save_gguf(path("ok.gguf"), {{"general.architecture", GGUFValue::of_string("llama")}},
+              {{"blk.0.w", Tensor::zeros({2, 32}), GGMLType::F32}});
+    return slurp(path("ok.gguf"));
+  }
+  // Byte position of the tensor info fields after the name "blk.0.w".
+  static size_t after_name(const std::string& b) { return b.find("blk.0.w") + 7; }
+  template <typename T> static void poke(std::string& b, size_t pos, T v) { std::memcpy(b.data() + pos, &v, sizeof(T)); }
+};
+
+TEST_F(GGUFBadFiles, Truncated) {
+  const std::string b = valid();
+  write(path("t.gguf"), b.substr(0, b.size() - 10));
+  expect_format_error(path("t.gguf"), {"t.gguf", "blk.0.w", "truncated"});
+  write(path("h.gguf"), b.substr(0, 30));
+  expect_format_error(path("h.gguf"), {"h.gguf", "truncated"});
+  write(path("tiny.gguf"), "GGUF");
+  expect_format_error(path("tiny.gguf"), {"tiny.gguf"});
+}
+
+TEST_F(GGUFBadFiles, WrongMagicAndVersion) {
+  std::string b = valid();
+  b[0] = 'X';
+  write(path("m.gguf"), b);
+  expect_format_error(path("m.gguf"), {"m.gguf", "magic"});
+  b = valid();
+  poke<uint32_t>(b, 4, 7);
+  write(path("v.gguf"), b);
+  expect_format_error(path("v.gguf"), {"v.gguf", "version 7"});
+  EXPECT_THROW(GGUFFile::open(path("absent.gguf")), IOError);
+}
+
+TEST_F(GGUFBadFiles, AbsurdCounts) {
+  std::string b = valid();
+  poke<uint64_t>(b, 8, 1ull << 60);
+  write(path("n.gguf"), b);
+  expect_format_error(path("n.gguf"), {"n.gguf", "tensor count"});
+  b = valid();
+  poke<uint64_t>(b, 16, 1ull << 60);
+  write(path("k.gguf"), b);
+  expect_format_error(path("k.gguf"), {"k.gguf", "metadata count"});
+  b = valid();
+  poke<uint64_t>(b, 24, 1ull << 40);  // length of the first key
+  write(path("s.gguf"), b);
+  expect_format_error(path("s.gguf"), {"s.gguf", "metadata key #0"});
+  b = valid();
+  poke<uint32_t>(b, after_name(b), 9);  // n_dims
+  write(path("d.gguf"), b);
+  expect_format_error(path("d.gguf"), {"d.gguf", "blk.0.w", "9 dimensions"});
+  b = valid();
+  poke<uint64_t>(b, after_name(b) + 4, 1ull << 50);  // ne[0]
+  write(path("e.gguf"), b);
+  expect_format_error(path("e.gguf"), {"e.gguf", "blk.0.w", "dimension 0"});
+}
+
+TEST_F(GGUFBadFiles, OffsetOutOfBoundsAndMisaligned) {
+  std::string b = valid();
+  const size_t off_pos = after_name(b) + 4 + 16 + 4;
+  poke<uint64_t>(b, off_pos, 1024);
+  write(path("o.gguf"), b);
+  expect_format_error(path("o.gguf"), {"o.gguf", "blk.0.w", "past the end"});
+  poke<uint64_t>(b, off_pos, 4);
+  write(path("a.gguf"), b);
+  expect_format_error(path("a.gguf"), {"a.gguf", "blk.0.w", "alignment"});
+}
+
+TEST_F(GGUFBadFiles, UnknownTypes) {
+  std::string b = valid();
+  poke<uint32_t>(b, after_name(b) + 4 + 16, 99);  // ggml type
+  write(path("t.gguf"), b);
+  expect_format_error(path("t.gguf"), {"t.gguf", "blk.0.w", "ggml type 99"});
+  b = valid();
+  poke<uint32_t>(b, b.find("general.architecture") + 20, 42);  // value type
+  write(path("v.gguf"), b);
+  expect_format_error(path("v.gguf"), {"v.gguf", "general.architecture", "unknown type 42"});
+}
+
+TEST_F(GGUFBadFiles, BlockTypeShapeMismatch) {
+  std::string b = valid();
+  poke<uint32_t>(b, after_name(b) + 4 + 16, 8);  // Q8_0 with ne[0] = 32 is fine ...
+  poke<uint64_t>(b, after_name(b) + 4, 31);      // ... but not with 31
+  write(path("q.gguf"), b);
+  expect_format_error(path("q.gguf"), {"q.gguf", "blk.0.w", "block size 32"});
+}
+
+// Real files written by llama.cpp's converter (vocab-only, 0 tensors) from the shared data set.
+TEST(GGUFRealFiles, LlamaCppVocabFilesLoad) {
+  const fs::path dir = fs::path(CORELM_SOURCE_DIR) / ".." / "shared" / "data" / "tokenizers" / "llama.cpp-vocab-tests";
+  if (!fs::exists(dir / "ggml-vocab-llama-spm.gguf"))
+    GTEST_SKIP() << "llama.cpp vocab GGUFs not found under " << dir.string() << " (shared data set absent)";
+  auto spm = GGUFFile::open((dir / "ggml-vocab-llama-spm.gguf").string());
+  EXPECT_EQ(spm.version(), 3u);
+  EXPECT_EQ(spm.at("general.architecture").as_string(), "llama");
+  EXPECT_EQ(spm.at("tokenizer.ggml.model").as_string(), "llama");
+  const auto& tokens = spm.at("tokenizer.ggml.tokens");
+  ASSERT_EQ(tokens.array.size(), 32000u);
+  EXPECT_EQ(tokens.array[1].as_string(), "<s>");
+  EXPECT_EQ(tokens.array[3].as_string(), "<0x00>");
+  EXPECT_EQ(spm.at("tokenizer.ggml.scores").array.size(), 32000u);
+  EXPECT_EQ(spm.at("tokenizer.ggml.bos_token_id").as_int(), 1);
+  EXPECT_TRUE(spm.tensors().empty());
+  auto gpt2 = GGUFFile::open((dir / "ggml-vocab-gpt-2.gguf").string());
+  EXPECT_EQ(gpt2.at("tokenizer.ggml.model").as_string(), "gpt2");
+  EXPECT_EQ(gpt2.at("tokenizer.ggml.tokens").array.size(), 50257u);
+  EXPECT_EQ(gpt2.at("tokenizer.ggml.merges").array.size(), 50000u);
+  EXPECT_EQ(gpt2.at("tokenizer.ggml.merges").array[0].as_string(), "\xc4\xa0 t");  // "Ġ t"
+  // A vocab-only file is not a model: the loader says which tensor is missing.
+  try {
+    load_gguf_model((dir / "ggml-vocab-llama-spm.gguf").string());
+    ADD_FAILURE() << "loaded a vocab-only file as a model";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("token_embd.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GGUFLlama, NamesFollowLlamaCpp) {
+  EXPECT_EQ(gguf_name_from_hf("model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(gguf_name_from_hf("lm_head.weight"), "output.weight");
+  EXPECT_EQ(gguf_name_from_hf("model.norm.weight"), "output_norm.weight");
+  EXPECT_EQ(gguf_name_from_hf("model.layers.11.self_attn.o_proj.weight"), "blk.11.attn_output.weight");
+  EXPECT_EQ(gguf_name_from_hf("model.layers.0.self_attn.k_proj.bias"), "blk.0.attn_k.bias");
+  EXPECT_EQ(gguf_name_from_hf("model.layers.2.post_attention_layernorm.weight"), "blk.2.ffn_norm.weight");
+  EXPECT_EQ(hf_name_from_gguf("blk.3.ffn_gate.weight"), "model.layers.3.mlp.gate_proj.weight");
+  EXPECT_THROW(gguf_name_from_hf("model.layers.0.mystery.weight"), ValueError);
+  EXPECT_THROW(hf_name_from_gguf("blk.0.attn_qkv.weight"), ValueError);
+}
+
+nlohmann::json tiny_config() {
+  return {{"model_type", "llama"}, {"vocab_size", 6}, {"hidden_size", 8}, {"intermediate_size", 32},
+          {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+          {"max_position_embeddings", 16}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
+          {"tie_word_embeddings", true}};
+}
+
+std::vector<std::pair<std::string, Tensor>> tiny_tensors(Generator& gen) {
+  return {{"model.embed_tokens.weight", Tensor::randn({6, 8}, gen)},
+          {"model.layers.0.input_layernorm.weight", Tensor::randn({8}, gen)},
+          {"model.layers.0.self_attn.q_proj.weight", iota(64).view({8, 8})},
+          {"model.layers.0.self_attn.k_proj.weight", iota(32).view({4, 8})},
+          {"model.layers.0.self_attn.v_proj.weight", Tensor::randn({4, 8}, gen)},
+          {"model.layers.0.self_attn.o_proj.weight", Tensor::randn({8, 8}, gen)},
+          {"model.layers.0.post_attention_layernorm.weight", Tensor::randn({8}, gen)},
+          {"model.layers.0.mlp.gate_proj.weight", Tensor::randn({32, 8}, gen)},
+          {"model.layers.0.mlp.up_proj.weight", Tensor::randn({32, 8}, gen)},
+          {"model.layers.0.mlp.down_proj.weight", Tensor::randn({8, 32}, gen)},
+          {"model.norm.weight", Tensor::randn({8}, gen)}};
+}
+
+TEST_F(GGUFTest, LlamaModelRoundTripWithQKPermutation) {
+  Generator gen(5);
+  auto tensors = tiny_tensors(gen);
+  save_gguf_model(path("llama.gguf"), tiny_config(), tensors);
+  auto f = GGUFFile::open(path("llama.gguf"));
+  EXPECT_EQ(f.at("general.architecture").as_string(), "llama");
+  EXPECT_EQ(f.at("llama.attention.head_count_kv").as_int(), 1);
+  EXPECT_EQ(f.at("llama.embedding_length").as_int(), 8);
+  // Stored q rows are llama.cpp's interleaved order: per head of 4, HF rows 0, 2, 1, 3.
+  auto q = f.get("blk.0.attn_q.weight").to_float_vector();
+  const int64_t order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int64_t r = 0; r < 8; ++r) EXPECT_EQ(q[r * 8], static_cast<float>(order[r] * 8)) << r;
+  EXPECT_EQ(f.info("blk.0.attn_norm.weight").type, GGMLType::F32);
+  auto m = load_gguf_model(path("llama.gguf"));
+  EXPECT_EQ(m.config.at("num_key_value_heads"), 1);
+  EXPECT_EQ(m.config.at("tie_word_embeddings"), true);
+  ASSERT_EQ(m.tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(m.tensors[i].first, tensors[i].first);
+    EXPECT_EQ(m.tensors[i].second.to_float_vector(), tensors[i].second.to_float_vector()) << tensors[i].first;
+  }
+  // Q8_0: 2-D weights with rows of 32 quantised, others F16, norms F32.
+  save_gguf_model(path("q8.gguf"), tiny_config(), tensors, GGMLType::Q8_0);
+  auto q8 = GGUFFile::open(path("q8.gguf"));
+  EXPECT_EQ(q8.info("blk.0.ffn_down.weight").type, GGMLType::Q8_0);
+  EXPECT_EQ(q8.info("blk.0.attn_q.weight").type, GGMLType::F16);
+  EXPECT_EQ(q8.info("output_norm.weight").type, GGMLType::F32);
+  EXPECT_EQ(q8.at("general.file_type").as_int(), 7);
+}
+
+TEST_F(GGUFTest, LlamaModelShapeMismatchAndMissingTensorNameTheTensor) {
+  Generator gen(5);
+  auto tensors = tiny_tensors(gen);
+  tensors[9].second = Tensor::randn({8, 64}, gen);  // down_proj with the wrong FFN size
+  save_gguf_model(path("bad.gguf"), tiny_config(), tensors);
+  try {
+    load_gguf_model(path("bad.gguf"));
+    ADD_FAILURE() << "loaded";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.gguf"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("blk.0.ffn_down.weight"), std::string::npos) << e.what();
+  }
+  tensors = tiny_tensors(gen);
+  tensors.erase(tensors.begin() + 3);
+  save_gguf_model(path("missing.gguf"), tiny_config(), tensors);
+  try {
+    load_gguf_model(path("missing.gguf"));
+    ADD_FAILURE() << "loaded";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("blk.0.attn_k.weight"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace corelm::io

@@ -1,0 +1,172 @@
+// llama2.c readers on synthetic files: header parsing, HF naming, the RoPE row un-permutation,
+// the untied classifier, tokenizer encode/decode rules, and malformed files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "corelm/error.h"
+#include "corelm/gguf.h"
+#include "corelm/llama2c.h"
+
+namespace corelm::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Llama2cTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("corelm_l2c_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& n) const { return (dir_ / n).string(); }
+  static void write(const std::string& p, const std::string& bytes) {
+    std::ofstream(p, std::ios::binary) << bytes;
+  }
+  // Checkpoint whose float k holds the value k (so every tensor's origin is visible).
+  std::string checkpoint(int32_t dim, int32_t hidden, int32_t layers, int32_t heads, int32_t kv, int32_t vocab,
+                         int32_t seq, int64_t n_floats) {
+    std::string s(28, '\0');
+    int32_t h[7] = {dim, hidden, layers, heads, kv, vocab, seq};
+    std::memcpy(s.data(), h, 28);
+    for (int64_t k = 0; k < n_floats; ++k) {
+      float f = static_cast<float>(k);
+      s.append(reinterpret_cast<const char*>(&f), 4);
+    }
+    return s;
+  }
+  fs::path dir_;
+};
+
+// dim 8 = 2 heads of 4, 1 KV head, FFN 6, 1 layer, vocab 5, seq_len 3.
+constexpr int32_t D = 8, H = 6, L = 1, NH = 2, NKV = 1, V = 5, S = 3;
+constexpr int64_t HD = D / NH, KV = NKV * HD;
+constexpr int64_t kTied = V * D + L * (2 * D + D * D + 2 * D * KV + D * D + 3 * D * H) + D + S * HD;
+
+TEST_F(Llama2cTest, NamesShapesAndRopeUnpermutation) {
+  write(path("m.bin"), checkpoint(D, H, L, NH, NKV, V, S, kTied));
+  auto ck = load_llama2c_checkpoint(path("m.bin"));
+  EXPECT_TRUE(ck.header.shared_classifier);
+  EXPECT_EQ(ck.config.at("hidden_size"), D);
+  EXPECT_EQ(ck.config.at("num_key_value_heads"), NKV);
+  EXPECT_EQ(ck.config.at("tie_word_embeddings"), true);
+  ASSERT_EQ(ck.tensors.size(), 1u + 9u * L + 1u);
+  EXPECT_EQ(ck.tensors[0].first, "model.embed_tokens.weight");
+  EXPECT_EQ(ck.tensors[0].second.shape(), (Shape{V, D}));
+  EXPECT_EQ(ck.tensors.back().first, "model.norm.weight");
+  std::map<std::string, Tensor> by_name(ck.tensors.begin(), ck.tensors.end());
+  Tensor q = by_name.at("model.layers.0.self_attn.q_proj.weight");
+  ASSERT_EQ(q.shape(), (Shape{D, D}));
+  const int64_t wq_start = V * D + L * D;
+  // Head 0 rows in HF order are llama2.c rows 0, 2, 1, 3; head 1: 4, 6, 5, 7.
+  const int64_t order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  auto qv = q.to_float_vector();
+  for (int64_t r = 0; r < D; ++r) EXPECT_EQ(qv[r * D], static_cast<float>(wq_start + order[r] * D)) << "row " << r;
+  Tensor k = by_name.at("model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(k.shape(), (Shape{KV, D}));
+  EXPECT_EQ(k.to_float_vector()[1 * D], static_cast<float>(wq_start + D * D + 2 * D));
+  EXPECT_EQ(by_name.at("model.layers.0.mlp.down_proj.weight").shape(), (Shape{D, H}));
+  EXPECT_EQ(by_name.at("model.layers.0.mlp.up_proj.weight").shape(), (Shape{H, D}));
+  EXPECT_EQ(by_name.count("lm_head.weight"), 0u);
+}
+
+TEST_F(Llama2cTest, NegativeVocabMeansSeparateClassifier) {
+  write(path("u.bin"), checkpoint(D, H, L, NH, NKV, -V, S, kTied + V * D));
+  auto ck = load_llama2c_checkpoint(path("u.bin"));
+  EXPECT_FALSE(ck.header.shared_classifier);
+  EXPECT_EQ(ck.config.at("vocab_size"), V);
+  EXPECT_EQ(ck.config.at("tie_word_embeddings"), false);
+  ASSERT_EQ(ck.tensors.back().first, "lm_head.weight");
+  EXPECT_EQ(ck.tensors.back().second.to_float_vector()[0], static_cast<float>(kTied));
+}
+
+TEST_F(Llama2cTest, MalformedFilesNameTheFile) {
+  write(path("short.bin"), checkpoint(D, H, L, NH, NKV, V, S, kTied - 1));
+  write(path("hdr.bin"), std::string(10, '\0'));
+  write(path("bad.bin"), checkpoint(D, H, L, 3, NKV, V, S, kTied));
+  for (const char* name : {"short.bin", "hdr.bin", "bad.bin"}) {
+    try {
+      load_llama2c_checkpoint(path(name));
+      ADD_FAILURE() << name << " loaded";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(load_llama2c_checkpoint(path("missing.bin")), IOError);
+}
+
+std::string tokenizer_bytes(const std::vector<std::pair<std::string, float>>& toks) {
+  std::string s;
+  int32_t max_len = 8;
+  s.append(reinterpret_cast<const char*>(&max_len), 4);
+  for (auto& [p, score] : toks) {
+    int32_t len = static_cast<int32_t>(p.size());
+    s.append(reinterpret_cast<const char*>(&score), 4);
+    s.append(reinterpret_cast<const char*>(&len), 4);
+    s += p;
+  }
+  return s;
+}
+
+TEST_F(Llama2cTest, TokenizerEncodeDecodeRules) {
+  // ids 0..2 specials, 3..258 bytes, then pieces.
+  std::vector<std::pair<std::string, float>> toks = {{"<unk>", 0}, {"\n<s>\n", 0}, {"\n</s>\n", 0}};
+  char buf[8];
+  for (int b = 0; b < 256; ++b) {
+    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+    toks.emplace_back(buf, 0);
+  }
+  toks.insert(toks.end(), {{" ", -1}, {"a", -2}, {"b", -3}, {" a", -4}, {"ab", -5}, {" ab", -6}});
+  write(path("tok.bin"), tokenizer_bytes(toks));
+  auto tok = Llama2cTokenizer::load(path("tok.bin"));
+  ASSERT_EQ(tok.vocab_size(), 265);
+  // " a" (score -4) merges before "ab" (-5); then " a"+"b" -> " ab".
+  EXPECT_EQ(tok.encode("ab", true, true), (std::vector<int64_t>{1, 264, 2}));
+  // "c" is not a piece: byte fallback 'c' + 3.
+  EXPECT_EQ(tok.encode("ac", false, false), (std::vector<int64_t>{262, 'c' + 3}));
+  EXPECT_TRUE(tok.encode("", false, false).empty());
+  EXPECT_EQ(tok.decode(1, 262), "a");   // leading space stripped after BOS
+  EXPECT_EQ(tok.decode(5, 262), " a");
+  EXPECT_EQ(tok.decode(5, 'c' + 3), "c");  // <0x63>
+  EXPECT_EQ(Llama2cTokenizer::printable(std::string(1, '\x01')), "");
+  EXPECT_EQ(Llama2cTokenizer::printable("\n"), "\n");
+  EXPECT_THROW(tok.piece(265), IndexError);
+  write(path("trunc.bin"), tokenizer_bytes(toks).substr(0, 100));
+  EXPECT_THROW(Llama2cTokenizer::load(path("trunc.bin"), 265), FormatError);
+}
+
+// The Llama 2 vocabulary in llama2.c format, turned into GGUF tokenizer keys, equals what
+// llama.cpp's converter wrote from tokenizer.model (ggml-vocab-llama-spm.gguf).
+TEST(Llama2cRealFiles, Llama2VocabMatchesLlamaCppGguf) {
+  const fs::path data = fs::path(CORELM_SOURCE_DIR) / ".." / "shared" / "data" / "tokenizers";
+  const fs::path bin = data / "llama2" / "tokenizer.bin", gguf = data / "llama.cpp-vocab-tests" / "ggml-vocab-llama-spm.gguf";
+  if (!fs::exists(bin) || !fs::exists(gguf)) GTEST_SKIP() << "shared data set absent (" << data.string() << ")";
+  auto tok = Llama2cTokenizer::load(bin.string());
+  ASSERT_EQ(tok.vocab_size(), 32000);
+  auto ref = GGUFFile::open(gguf.string());
+  auto meta = tok.gguf_metadata();
+  std::map<std::string, GGUFValue> ours(meta.begin(), meta.end());
+  for (const char* key : {"tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                          "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token"})
+    EXPECT_TRUE(ours.at(key) == ref.at(key)) << key;
+  for (const char* key : {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"}) {
+    const auto& a = ours.at(key).array;
+    const auto& b = ref.at(key).array;
+    ASSERT_EQ(a.size(), b.size()) << key;
+    int64_t mismatches = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!(a[i] == b[i]) && mismatches++ < 5) ADD_FAILURE() << key << "[" << i << "] differs";
+    EXPECT_EQ(mismatches, 0) << key;
+  }
+}
+
+}  // namespace
+}  // namespace corelm::io
