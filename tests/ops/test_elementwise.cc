@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "common/gradcheck.h"
+#include "common/tensor_factories.h"
 #include "corelm/ops.h"
 #include "corelm/random.h"
 #include "corelm/thread_pool.h"
@@ -14,18 +15,9 @@ namespace corelm {
 namespace {
 
 using testing::expect_gradients_match;
+using testing::leaf;
+using testing::randn;
 using BinaryFn = Tensor (*)(const Tensor&, const Tensor&);
-
-Tensor randn(const Shape& shape, uint64_t seed) {
-  Generator gen(seed);
-  return Tensor::randn(shape, gen);
-}
-
-Tensor leaf(const Shape& shape, uint64_t seed) {
-  Tensor t = randn(shape, seed);
-  t.set_requires_grad(true);
-  return t;
-}
 
 // Values in [lo, hi): keeps log/sqrt/div away from their poles.
 Tensor positive_leaf(const Shape& shape, uint64_t seed, float lo = 0.5f, float hi = 2.0f) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/gradcheck.h"
+#include "common/tensor_factories.h"
 #include "corelm/ops.h"
 #include "corelm/random.h"
 #include "corelm/thread_pool.h"
@@ -11,11 +12,7 @@ namespace corelm {
 namespace {
 
 using testing::expect_gradients_match;
-
-Tensor randn(const Shape& shape, uint64_t seed) {
-  Generator gen(seed);
-  return Tensor::randn(shape, gen);
-}
+using testing::randn;
 
 TEST(Embedding, GathersRowsForI32AndI64Ids) {
   Tensor w = randn({5, 3}, 1);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/gradcheck.h"
+#include "common/tensor_factories.h"
 #include "corelm/ops.h"
 #include "corelm/random.h"
 #include "corelm/thread_pool.h"
@@ -12,17 +13,8 @@ namespace corelm {
 namespace {
 
 using testing::expect_gradients_match;
-
-Tensor randn(const Shape& shape, uint64_t seed) {
-  Generator gen(seed);
-  return Tensor::randn(shape, gen);
-}
-
-Tensor leaf(const Shape& shape, uint64_t seed) {
-  Tensor t = randn(shape, seed);
-  t.set_requires_grad(true);
-  return t;
-}
+using testing::leaf;
+using testing::randn;
 
 // Naive matmul of 2-D matrices given in logical order, in double.
 std::vector<double> naive_2d(const std::vector<float>& a, const std::vector<float>& b, int64_t M,

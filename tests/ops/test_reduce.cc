@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "common/gradcheck.h"
+#include "common/tensor_factories.h"
 #include "corelm/ops.h"
 #include "corelm/random.h"
 #include "corelm/thread_pool.h"
@@ -10,17 +11,8 @@ namespace corelm {
 namespace {
 
 using testing::expect_gradients_match;
-
-Tensor randn(const Shape& shape, uint64_t seed) {
-  Generator gen(seed);
-  return Tensor::randn(shape, gen);
-}
-
-Tensor leaf(const Shape& shape, uint64_t seed) {
-  Tensor t = randn(shape, seed);
-  t.set_requires_grad(true);
-  return t;
-}
+using testing::leaf;
+using testing::randn;
 
 // Sums x [A, B, C] over the dims flagged in `reduce`, in double, for comparison.
 std::vector<double> naive_sum(const Tensor& x, bool r0, bool r1, bool r2) {

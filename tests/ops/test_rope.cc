@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/gradcheck.h"
+#include "common/tensor_factories.h"
 #include "corelm/ops.h"
 #include "corelm/random.h"
 #include "corelm/tensor.h"
@@ -14,17 +15,8 @@ namespace corelm {
 namespace {
 
 using testing::expect_gradients_match;
-
-// gradcheck checks the inputs that require grad.
-Tensor leaf(Tensor t) {
-  t.set_requires_grad(true);
-  return t;
-}
-
-Tensor random_tensor(const Shape& shape, uint64_t seed, float stddev = 1.0f) {
-  Generator gen(seed);
-  return Tensor::randn(shape, gen, stddev);
-}
+using testing::leaf;
+using testing::random_tensor;
 
 // Rotate-half in double precision: the exact rotation the f32 kernel approximates.
 std::vector<double> naive_rope(const std::vector<float>& x, const Shape& shape, double theta, int64_t offset) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "common/gradcheck.h"
+#include "common/tensor_factories.h"
 #include "corelm/ops.h"
 #include "corelm/random.h"
 
@@ -9,13 +10,8 @@ namespace corelm {
 namespace {
 
 using testing::expect_gradients_match;
+using testing::leaf;
 
-Tensor leaf(const Shape& shape, uint64_t seed) {
-  Generator gen(seed);
-  Tensor t = Tensor::randn(shape, gen);
-  t.set_requires_grad(true);
-  return t;
-}
 
 std::vector<float> iota(int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
