@@ -23,10 +23,9 @@
 namespace corelm::tok {
 namespace {
 
-// Protobuf helpers for the one edit we need: a copy of the model with add_dummy_prefix = false
-// (NormalizerSpec field 3 inside ModelProto field 3). Appending the field wins over an earlier
-// value, so the submessage is copied with two bytes added and its length re-encoded.
-bool read_varint(const std::string& s, size_t& pos, uint64_t& v) {
+// Minimal protobuf reading for the two things libsentencepiece does not expose: a copy of the
+// model with add_dummy_prefix = false, and whether its normalizer is the identity.
+bool read_varint(std::string_view s, size_t& pos, uint64_t& v) {
   v = 0;
   for (int shift = 0; shift < 64; shift += 7) {
     if (pos >= s.size()) return false;
@@ -43,42 +42,61 @@ void write_varint(std::string& out, uint64_t v) {
   }
   out.push_back(static_cast<char>(v));
 }
+
+// One field of a serialized message: number, wire type, value (varint fields), payload
+// (length-delimited fields) and the bytes [start, end) it occupies, key included.
+struct ProtoField {
+  uint32_t number = 0, wire = 0;
+  uint64_t varint = 0;
+  std::string_view payload;
+  size_t start = 0, end = 0;
+};
+
+// Reads the field at `pos` and moves past it. On a corrupt message returns false and sets `why`
+// to the reason ("" when a varint value is malformed), in the words of the error messages.
+bool next_proto_field(std::string_view msg, size_t& pos, ProtoField& f, std::string& why) {
+  f = ProtoField{};
+  f.start = pos;
+  uint64_t key;
+  if (!read_varint(msg, pos, key)) return why = " (bad field key)", false;
+  f.number = static_cast<uint32_t>(key >> 3);
+  f.wire = key & 7;
+  if (f.wire == 0) {
+    if (!read_varint(msg, pos, f.varint)) return why = "", false;
+  } else if (f.wire == 1 || f.wire == 5) {
+    pos += f.wire == 1 ? 8 : 4;
+  } else if (f.wire == 2) {
+    uint64_t len;
+    if (!read_varint(msg, pos, len) || len > msg.size() - pos) return why = " (bad length)", false;
+    f.payload = msg.substr(pos, len);
+    pos += len;
+  } else {
+    return why = " (wire type " + std::to_string(f.wire) + ")", false;
+  }
+  if (pos > msg.size()) return why = " (truncated)", false;
+  f.end = pos;
+  return true;
+}
+
+// NormalizerSpec is field 3 of ModelProto. Appending the field wins over an earlier value, so the
+// submessage is copied with add_dummy_prefix (field 3, varint 0: bytes 0x18 0x00) appended.
 std::string without_dummy_prefix(const std::string& proto, const std::string& source) {
   std::string out;
   size_t pos = 0;
   bool patched = false;
+  ProtoField f;
+  std::string why;
   while (pos < proto.size()) {
-    size_t field_start = pos;
-    uint64_t key;
-    CORELM_CHECK(read_varint(proto, pos, key), FormatError, source, ": corrupt SentencePiece model (bad field key)");
-    uint32_t field = static_cast<uint32_t>(key >> 3), wire = key & 7;
-    size_t value_start = pos;
-    if (wire == 0) {
-      uint64_t v;
-      CORELM_CHECK(read_varint(proto, pos, v), FormatError, source, ": corrupt SentencePiece model");
-    } else if (wire == 1) {
-      pos += 8;
-    } else if (wire == 5) {
-      pos += 4;
-    } else if (wire == 2) {
-      uint64_t len;
-      CORELM_CHECK(read_varint(proto, pos, len) && len <= proto.size() - pos, FormatError, source,
-                   ": corrupt SentencePiece model (bad length)");
-      value_start = pos;
-      pos += len;
-      if (field == 3) {
-        std::string sub = proto.substr(value_start, len) + std::string("\x18\x00", 2);
-        write_varint(out, key);
-        write_varint(out, sub.size());
-        out += sub;
-        patched = true;
-        continue;
-      }
+    CORELM_CHECK(next_proto_field(proto, pos, f, why), FormatError, source, ": corrupt SentencePiece model", why);
+    if (f.number == 3 && f.wire == 2) {
+      std::string sub = std::string(f.payload) + std::string("\x18\x00", 2);
+      write_varint(out, (uint64_t{3} << 3) | 2);
+      write_varint(out, sub.size());
+      out += sub;
+      patched = true;
     } else {
-      throw FormatError(source + ": corrupt SentencePiece model (wire type " + std::to_string(wire) + ")");
+      out.append(proto, f.start, f.end - f.start);
     }
-    CORELM_CHECK(pos <= proto.size(), FormatError, source, ": corrupt SentencePiece model (truncated)");
-    out.append(proto, field_start, pos - field_start);
   }
   if (!patched) out += std::string("\x1a\x02\x18\x00", 4);  // normalizer_spec { add_dummy_prefix: false }
   return out;
@@ -88,45 +106,22 @@ std::string without_dummy_prefix(const std::string& proto, const std::string& so
 // is the text after a newline encoded the same on its own (given no piece holds a newline).
 bool identity_normalizer(const std::string& proto) {
   size_t pos = 0;
+  ProtoField f;
+  std::string why;
   while (pos < proto.size()) {
-    uint64_t key, len;
-    if (!read_varint(proto, pos, key)) return false;
-    uint32_t field = static_cast<uint32_t>(key >> 3), wire = key & 7;
-    if (wire == 0) {
-      if (!read_varint(proto, pos, len)) return false;
-      continue;
+    if (!next_proto_field(proto, pos, f, why)) return false;
+    if (f.number != 3 || f.wire != 2) continue;
+    std::string_view name;
+    bool remove_extra_ws = true, charsmap = false;  // proto defaults
+    size_t q = 0;
+    ProtoField g;
+    while (q < f.payload.size()) {
+      if (!next_proto_field(f.payload, q, g, why)) return false;
+      if (g.number == 4 && g.wire == 0) remove_extra_ws = g.varint != 0;
+      if (g.number == 1 && g.wire == 2) name = g.payload;
+      if (g.number == 2 && g.wire == 2 && !g.payload.empty()) charsmap = true;
     }
-    if (wire == 1) { pos += 8; continue; }
-    if (wire == 5) { pos += 4; continue; }
-    if (wire != 2 || !read_varint(proto, pos, len) || len > proto.size() - pos) return false;
-    if (field == 3) {
-      std::string sub = proto.substr(pos, len);
-      std::string name;
-      bool remove_extra_ws = true, charsmap = false;  // proto defaults
-      size_t q = 0;
-      while (q < sub.size()) {
-        uint64_t k, v;
-        if (!read_varint(sub, q, k)) return false;
-        uint32_t f = static_cast<uint32_t>(k >> 3), w = k & 7;
-        if (w == 0) {
-          if (!read_varint(sub, q, v)) return false;
-          if (f == 4) remove_extra_ws = v != 0;
-        } else if (w == 2) {
-          if (!read_varint(sub, q, v) || v > sub.size() - q) return false;
-          if (f == 1) name = sub.substr(q, v);
-          if (f == 2 && v > 0) charsmap = true;
-          q += v;
-        } else if (w == 1) {
-          q += 8;
-        } else if (w == 5) {
-          q += 4;
-        } else {
-          return false;
-        }
-      }
-      return name == "identity" && !remove_extra_ws && !charsmap;
-    }
-    pos += len;
+    return name == "identity" && !remove_extra_ws && !charsmap;
   }
   return false;
 }
