@@ -3,7 +3,7 @@
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all build demo test test-asan asan clean setup setup-test
+.PHONY: all build demo test test-asan asan bench clean setup setup-test
 
 all: build
 
@@ -24,6 +24,13 @@ test: setup-test
 	cmake --preset release >/dev/null
 	cmake --build --preset release -j $(JOBS)
 	ctest --preset release -j $(JOBS) --timeout 900 $(CTEST_ARGS)
+
+# The benchmark suite (docs/BENCHMARKS.md): installs the peers (oneDNN, matplotlib), builds, runs.
+bench:
+	scripts/setup --bench
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS)
+	bench/run_all build/release
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: setup-test

@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
-#include "corelm/model_dir.h"
+#include <cstdio>
+
+#include "corelm/model_loader.h"
 #include "corelm/thread_pool.h"
 #include "corelm/train.h"
 
@@ -15,14 +17,23 @@ namespace {
 
 struct EvalArgs {
   std::string model, data;
+  std::string tokenizer;  // --tokenizer: overrides / supplies the checkpoint's
+  bool strict = true;
   int64_t batch = 4, seq = 0;
   int threads = 1;
   bool json = false;
+  std::string precision = "bf16";  // f32: the reference path
 };
 
 void run(const EvalArgs& a) {
   set_num_threads(a.threads);
-  model::LoadedModel m = model::load_model_dir(a.model);
+  model::LoadOptions load_options;
+  load_options.tokenizer_path = a.tokenizer;
+  load_options.strict = a.strict;
+  model::Checkpoint checkpoint = model::load_model(a.model, load_options);
+  for (const auto& w : checkpoint.warnings) std::fprintf(stderr, "corelm: warning: %s\n", w.c_str());
+  model::LoadedModel& m = checkpoint.model;
+  if (model::parse_precision(a.precision) == model::Precision::BF16) m.decoder.prepare_inference(model::Precision::BF16);
   const bool bin = a.data.size() > 4 && a.data.ends_with(".bin");
   train::TokenDataset data =
       bin ? train::TokenDataset::open(a.data) : train::TokenDataset::from_text_files(*m.tokenizer, {a.data}, a.threads);
@@ -46,10 +57,16 @@ void run(const EvalArgs& a) {
 RegisterCommand reg([](CLI::App& root) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* c = root.add_subcommand("eval", "Mean loss and perplexity of a model over a text or token file");
-  c->add_option("--model", a->model, "model directory (config.json, model.safetensors, tokenizer.json)")->required();
+  c->add_option("--model", a->model, "model directory / Hugging Face folder, .gguf, llama2.c .bin (with --tokenizer) "
+                                    "or .safetensors with config.json beside it")->required();
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer file or directory (default: the checkpoint's own)");
+  c->add_flag("--strict,!--no-strict", a->strict, "missing/unexpected tensors are an error (default) or a warning");
   c->add_option("--data", a->data, "text file, or token file FILE.bin (+ FILE.bin.json)")->required();
   c->add_option("--seq", a->seq, "window length (default: the model context)");
   c->add_option("--batch", a->batch, "windows per forward")->capture_default_str();
+  c->add_option("--precision", a->precision, "bf16: fast path (bf16 weights, fp32 accumulation); f32: reference path")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_flag("--json", a->json, "one JSON object on stdout");
   c->callback([a] { run(*a); });

@@ -14,7 +14,7 @@
 #include "command_registry.h"
 #include "corelm/error.h"
 #include "corelm/generate.h"
-#include "corelm/model_dir.h"
+#include "corelm/model_loader.h"
 #include "corelm/thread_pool.h"
 
 namespace corelm::cli {
@@ -22,6 +22,8 @@ namespace {
 
 struct GenerateArgs {
   std::string model, prompt, prompt_file, truncate = "none";
+  std::string tokenizer;  // --tokenizer: overrides / supplies the checkpoint's
+  bool strict = true;
   int64_t max_new_tokens = 128;
   float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f, repetition_penalty = 1.0f;
   int64_t top_k = 0, no_repeat_ngram = 0;
@@ -30,6 +32,7 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   int threads = 1;
   int64_t batch_size = 16;
+  std::string precision = "bf16";  // f32: the reference path
 };
 
 std::vector<std::string> read_prompts(const std::string& path) {
@@ -92,7 +95,13 @@ void run(const GenerateArgs& a) {
   o.truncate = a.truncate == "left" ? infer::Truncate::Left : infer::Truncate::None;
 
   std::vector<std::string> prompts = a.prompt_file.empty() ? std::vector<std::string>{a.prompt} : read_prompts(a.prompt_file);
-  model::LoadedModel m = model::load_model_dir(a.model);
+  model::LoadOptions load_options;
+  load_options.tokenizer_path = a.tokenizer;
+  load_options.strict = a.strict;
+  model::Checkpoint checkpoint = model::load_model(a.model, load_options);
+  for (const auto& w : checkpoint.warnings) std::fprintf(stderr, "corelm: warning: %s\n", w.c_str());
+  model::LoadedModel& m = checkpoint.model;
+  if (model::parse_precision(a.precision) == model::Precision::BF16) m.decoder.prepare_inference(model::Precision::BF16);
   infer::TextGenerator gen(m.decoder, *m.tokenizer);
 
   const bool stream = prompts.size() == 1 && !a.json;
@@ -136,7 +145,11 @@ void run(const GenerateArgs& a) {
 RegisterCommand reg([](CLI::App& root) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* c = root.add_subcommand("generate", "Generate text from a model directory (streams to stdout)");
-  c->add_option("--model", args->model, "model directory: config.json, model.safetensors, tokenizer.json")->required();
+  c->add_option("--model", args->model, "model directory / Hugging Face folder, .gguf, llama2.c .bin (with --tokenizer) "
+                                       "or .safetensors with config.json beside it")->required();
+  c->add_option("--tokenizer", args->tokenizer, "tokenizer file or directory (tokenizer.json, tokenizer.model, llama2.c "
+                                                "tokenizer.bin); default: the checkpoint's own");
+  c->add_flag("--strict,!--no-strict", args->strict, "missing/unexpected tensors are an error (default) or a warning");
   c->add_option("--prompt", args->prompt, "the prompt text");
   c->add_option("--prompt-file", args->prompt_file, "one prompt per line, generated together in one batch");
   c->add_option("-n,--max-new-tokens", args->max_new_tokens, "tokens to generate at most")->capture_default_str();
@@ -155,6 +168,9 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_flag("--no-special", args->no_special, "do not add BOS/EOS to the prompt as the tokenizer configures");
   c->add_option("--truncate", args->truncate, "left: keep the last tokens of a prompt longer than the context "
                                               "(default: error)")->capture_default_str();
+  c->add_option("--precision", args->precision, "bf16: fast path (bf16 weights, fp32 accumulation); f32: reference path")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   c->add_option("--threads", args->threads, "compute threads")->capture_default_str();
   c->add_option("--batch-size", args->batch_size, "prompts of --prompt-file generated together")->capture_default_str();
   c->add_flag("--json", args->json, "one JSON object per prompt: text, tokens, finish_reason, prefill_tok_s, decode_tok_s");

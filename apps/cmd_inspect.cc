@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
@@ -25,11 +26,22 @@ struct InspectArgs {
   bool json = false;
 };
 
-ojson tensor_entry(const std::string& name, const std::string& dtype, const Shape& shape, int64_t& total) {
+ojson tensor_entry(const std::string& name, const std::string& dtype, const Shape& shape, uint64_t bytes,
+                   int64_t& total) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
   total += n;
-  return {{"name", name}, {"dtype", dtype}, {"shape", shape}};
+  return {{"name", name}, {"dtype", dtype}, {"shape", shape}, {"bytes", bytes}};
+}
+
+void add_safetensors(const std::string& file, ojson& tensors, int64_t& total, ojson* metadata) {
+  auto f = io::SafetensorsFile::open(file);
+  if (metadata && !f.metadata().empty()) *metadata = f.metadata();
+  for (const auto& name : f.names()) {
+    Tensor t = f.get(name);
+    tensors.push_back(tensor_entry(name, dtype_name(t.dtype()), t.shape(),
+                                   static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype()), total));
+  }
 }
 
 ojson gguf_value_json(const io::GGUFValue& v) {
@@ -71,25 +83,43 @@ ojson inspect(const std::string& path) {
   std::string file = path;
   if (format == "directory") {
     const fs::path dir(path);
-    CORELM_CHECK(fs::exists(dir / "model.safetensors"), IOError, "inspect: '", path, "' has no model.safetensors");
     if (fs::exists(dir / "config.json")) out["config"] = ojson::parse(std::ifstream(dir / "config.json"));
-    file = (dir / "model.safetensors").string();
-    format = "safetensors";
-  }
-  if (format == "safetensors") {
-    auto f = io::SafetensorsFile::open(file);
-    if (!f.metadata().empty()) out["metadata"] = f.metadata();
-    for (const auto& name : f.names()) {
-      Tensor t = f.get(name);
-      tensors.push_back(tensor_entry(name, dtype_name(t.dtype()), t.shape(), total));
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+      // Sharded: list each shard named by the index once, in name order.
+      const ojson j = ojson::parse(std::ifstream(index), nullptr, /*allow_exceptions=*/false);
+      CORELM_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), FormatError,
+                   index.string(), ": missing object field 'weight_map'");
+      std::set<std::string> shards;
+      for (const auto& [name, shard] : j["weight_map"].items())
+        if (shard.is_string()) shards.insert(shard.get<std::string>());
+      out["shards"] = shards;
+      for (const auto& shard : shards) add_safetensors((dir / shard).string(), tensors, total, nullptr);
+      format = "sharded safetensors";
+    } else {
+      CORELM_CHECK(fs::exists(dir / "model.safetensors"), IOError, "inspect: '", path,
+                   "' has no model.safetensors or model.safetensors.index.json");
+      file = (dir / "model.safetensors").string();
+      format = "safetensors";
     }
+    out["format"] = "model directory (" + format + ")";
+  } else if (format == "safetensors" && fs::exists(fs::path(path).parent_path() / "config.json")) {
+    out["config"] = ojson::parse(std::ifstream(fs::path(path).parent_path() / "config.json"));
+  }
+  if (format == "sharded safetensors") {
+    // listed above, shard by shard
+  } else if (format == "safetensors") {
+    ojson meta;
+    add_safetensors(file, tensors, total, &meta);
+    if (!meta.is_null()) out["metadata"] = meta;
   } else if (format == "gguf") {
     auto f = io::GGUFFile::open(file);
     out["version"] = f.version();
     ojson meta = ojson::object();
     for (const auto& [k, v] : f.metadata()) meta[k] = gguf_value_json(v);
     out["metadata"] = meta;
-    for (const auto& t : f.tensors()) tensors.push_back(tensor_entry(t.name, io::ggml_type_name(t.type), t.shape(), total));
+    for (const auto& t : f.tensors())
+      tensors.push_back(tensor_entry(t.name, io::ggml_type_name(t.type), t.shape(), t.nbytes, total));
     try {
       out["config"] = io::load_gguf_model(file).config;
     } catch (const Error& e) {
@@ -98,10 +128,14 @@ ojson inspect(const std::string& path) {
   } else {
     auto ck = io::load_llama2c_checkpoint(file);
     out["config"] = ck.config;
-    for (const auto& [name, t] : ck.tensors) tensors.push_back(tensor_entry(name, "f32", t.shape(), total));
+    for (const auto& [name, t] : ck.tensors)
+      tensors.push_back(tensor_entry(name, "f32", t.shape(), static_cast<uint64_t>(t.numel()) * 4, total));
   }
+  uint64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t["bytes"].get<uint64_t>();
   out["tensors"] = tensors;
   out["num_parameters"] = total;
+  out["tensor_bytes"] = bytes;
   return out;
 }
 
@@ -127,14 +161,15 @@ void run(const InspectArgs& args) {
   std::cout << "tensors:    " << r["tensors"].size() << "\n";
   for (const auto& t : r["tensors"])
     std::cout << "  " << t["name"].get<std::string>() << "  " << t["dtype"].get<std::string>() << "  "
-              << t["shape"].dump() << "\n";
-  std::cout << "parameters: " << r["num_parameters"].get<int64_t>() << "\n";
+              << t["shape"].dump() << "  " << t["bytes"].get<uint64_t>() << " B\n";
+  std::cout << "parameters: " << r["num_parameters"].get<int64_t>() << " (" << r["tensor_bytes"].get<uint64_t>()
+            << " bytes of tensors)\n";
 }
 
 RegisterCommand reg([](CLI::App& root) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* c = root.add_subcommand("inspect", "Show a checkpoint's format, config, tensors and parameter count "
-                                               "(safetensors, GGUF, llama2.c .bin, or a model directory)");
+                                               "(safetensors, GGUF, llama2.c .bin, or a model directory / HF folder, sharded or not)");
   c->add_option("path", args->path, "model file or directory")->required();
   c->add_flag("--json", args->json, "print JSON");
   c->callback([args] { run(*args); });

@@ -43,6 +43,11 @@ class Llama2cTokenizer {
 
   // vocab_size: number of tokens to read (the checkpoint's); -1 reads to the end of the file.
   static Llama2cTokenizer load(const std::string& path, int64_t vocab_size = -1);
+  // From a GGUF SentencePiece-style ("llama") vocabulary: pieces with U+2581 for spaces (turned
+  // back into spaces, as tokenizer.bin holds them) and <s>/</s> for BOS/EOS. Ids 1 and 2 must be
+  // BOS and EOS and byte pieces <0xXX> sit at id byte + 3, as run.c assumes (FormatError otherwise).
+  static Llama2cTokenizer from_gguf_pieces(const std::vector<std::string>& pieces, const std::vector<float>& scores,
+                                           const std::string& source);
 
   int64_t vocab_size() const { return static_cast<int64_t>(pieces_.size()); }
   const std::string& piece(int64_t id) const;  // IndexError when out of range

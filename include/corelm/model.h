@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -71,6 +72,20 @@ class KVCache {
   std::vector<Tensor> k_, v_;
 };
 
+// Inference numerics. F32: the op-based reference path (fp32 everywhere, the yardstick).
+// BF16: the fast path -- linear weights packed once as bf16 (activations rounded to bf16 inside
+// the matmuls, fp32 accumulation), fp32 residual stream, norms, softmax and KV cache.
+enum class Precision { F32, BF16 };
+const char* precision_name(Precision p);          // "f32" | "bf16"
+Precision parse_precision(const std::string& s);  // ValueError naming the accepted values
+
+// Which logits forward_cached returns: All [B, T, V]; Last [B, 1, V] (the last position of each
+// row); None: no LM head, the final-normed hidden states [B, T, H] (apply logits_from_hidden to
+// the rows that need logits).
+enum class Logits { All, Last, None };
+
+struct FastWeights;  // packed weights of the fast path (src/model/fast_forward.h)
+
 class Decoder {
  public:
   explicit Decoder(ModelConfig config);  // validates; parameters allocated (zeros)
@@ -91,6 +106,8 @@ class Decoder {
 
   // Full-sequence forward (training, scoring): ids [B, T] (i32/i64), positions 0..T-1.
   // Returns logits [B, T, V], recorded on the autograd graph when parameters require grad.
+  // With the fast path prepared (prepare_inference(BF16)) and gradient recording off
+  // (NoGradGuard), forward and forward_hidden run the fast path instead (eval, scoring).
   Tensor forward(const Tensor& ids) const;
   // The final-normed hidden states [B, T, H]; lm_head() maps them to logits.
   Tensor forward_hidden(const Tensor& ids) const;
@@ -100,12 +117,32 @@ class Decoder {
   // row's current length (rows in `rows`, one per batch entry of ids; cache row r = rows[b]),
   // positions continue from there; returns logits [B, T, V] and advances the rows' lengths.
   // A row's result does not depend on the other rows. Exceeding capacity -> ValueError.
-  Tensor forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows) const;
+  // With prepare_inference(BF16) this runs the fast path (src/model/fast_forward.cc); otherwise
+  // the op-based reference. Either way a row's outputs are bitwise identical whatever the other
+  // rows, the batch size, the row's position in the batch and the thread count.
+  Tensor forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows,
+                        Logits logits = Logits::All) const;
+
+  // Hidden states [..., H] -> logits [..., V] without autograd; uses the packed LM head when the
+  // fast path is prepared (so scoring callers get the same numerics as forward_cached).
+  Tensor logits_from_hidden(const Tensor& hidden) const;
+
+  // Selects the inference numerics of forward_cached / logits_from_hidden. BF16 packs every
+  // linear weight once (q/k/v fused, gate/up fused, o, down, LM head). The packing is a snapshot:
+  // load_parameter() drops it, but parameters changed in place through parameter() or by an
+  // optimizer are NOT seen until prepare_inference() is called again. Training (forward,
+  // forward_hidden, lm_head) always uses the parameters directly.
+  void prepare_inference(Precision p = Precision::BF16);
+  void drop_inference();  // back to the reference path, packed weights freed
+  Precision inference_precision() const { return fast_ ? Precision::BF16 : Precision::F32; }
+  bool inference_prepared() const { return prepared_; }
 
  private:
   ModelConfig config_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::map<std::string, size_t> index_;
+  bool prepared_ = false;
+  std::shared_ptr<const FastWeights> fast_;  // set when prepared for BF16
 };
 
 }  // namespace corelm::model

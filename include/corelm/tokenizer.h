@@ -96,4 +96,27 @@ class StreamingDecoder {
   std::string pending_;
 };
 
+
+// A byte-level BPE vocabulary in the form llama.cpp keeps it in GGUF files (tokenizer.ggml.model
+// "gpt2"): plain vectors, so the io layer can write and read it without knowing the tokenizer.
+struct GgufBpeVocab {
+  std::vector<std::string> tokens;  // id -> text: GPT-2 byte-to-unicode spelling; added tokens verbatim
+  std::vector<int32_t> token_types; // llama.cpp token types: 1 normal, 3 control (special), 4 user-defined, 5 unused
+  std::vector<std::string> merges;  // "left right" in rank order (byte-level spelling)
+  std::string pre;                  // llama.cpp pre-tokenizer name: gpt-2, llama-bpe, qwen2 or smollm
+  bool nfc = false;                 // NFC normalizer (kept in corelm.tokenizer.nfc; llama.cpp has none)
+  bool ignore_merges = false;       // whole pre-tokens found in the vocabulary skip the merges
+  std::optional<TokenId> bos, eos, unk, pad;
+  bool add_bos = false, add_eos = false;
+};
+
+// The vocabulary of a byte-level BPE tokenizer file (tokenizer.json, vocab.json or a directory
+// holding one), padded with unused "[PAD<id>]" tokens to `vocab_size` ids when that is larger.
+// FormatError when the file is not byte-level BPE or its pre-tokenizer has no llama.cpp name.
+GgufBpeVocab gguf_bpe_vocab_from_file(const std::string& tokenizer_path, size_t vocab_size = 0);
+// The tokenizer a GGUF "gpt2" vocabulary describes; `source` (the GGUF path) names it in errors.
+std::unique_ptr<Tokenizer> tokenizer_from_gguf_bpe(const GgufBpeVocab& vocab, const std::string& source);
+// The same vocabulary as a Hugging Face tokenizer.json document (text), for `corelm convert --to hf`.
+std::string gguf_bpe_vocab_to_tokenizer_json(const GgufBpeVocab& vocab, const std::string& source);
+
 }  // namespace corelm

@@ -13,14 +13,18 @@ namespace autograd {
 namespace {
 thread_local bool g_grad_mode = true;
 
-// Adds b into the running gradient a (fresh tensors, so the sum can be in place).
+// The running gradient a plus b, in a fresh tensor (a or b may be shared with other slots). One
+// pass writing a + b, rather than a clone of a and a second pass adding b: on the training profile
+// the copy was ~1% of a step.
 Tensor accumulate(const Tensor& a, const Tensor& b) {
   if (!a.defined()) return b;
-  Tensor out = a.contiguous().to(DType::F32).clone();
-  Tensor bb = b.contiguous().to(DType::F32);
+  const Tensor aa = a.contiguous().to(DType::F32);
+  const Tensor bb = b.contiguous().to(DType::F32);
+  Tensor out = Tensor::empty(aa.shape());
   float* po = out.data<float>();
+  const float* pa = aa.data<float>();
   const float* pb = bb.data<float>();
-  for (int64_t i = 0, n = out.numel(); i < n; ++i) po[i] += pb[i];
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) po[i] = pa[i] + pb[i];
   return out;
 }
 

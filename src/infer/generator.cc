@@ -1,6 +1,7 @@
 // TextGenerator: prompts are prefilled through the KV cache (rows of different lengths padded on
 // the right in one forward, then each row's length set back to its own, so padding is never
-// attended to and is overwritten by the next token), then every unfinished row advances one
+// attended to and is overwritten by the next token; the LM head runs only on each row's last
+// prompt position), then every unfinished row advances one
 // token per forward. Finished rows leave the batch. Each row owns its sampler and streaming
 // decoder, so a prompt's output does not depend on the other prompts in the batch.
 #include <algorithm>
@@ -148,13 +149,28 @@ class Session {
         const Row& row = rows_[rows[i]];
         std::copy(row.context.begin(), row.context.end(), ids.begin() + i * t_max);
       }
-      Tensor logits = decoder_.forward_cached(Tensor::from_vector(ids, {b, t_max}), cache, rows).contiguous();
+      // Logits only at each row's last prompt position: Logits::Last when no row is padded, else
+      // the hidden states with the LM head applied to the rows' last real positions (same bits).
+      const bool padded = std::any_of(rows.begin(), rows.end(), [&](int64_t r) { return rows_[r].prompt_len != t_max; });
+      const Tensor batch_ids = Tensor::from_vector(ids, {b, t_max});
+      Tensor logits;
+      if (!padded) {
+        logits = decoder_.forward_cached(batch_ids, cache, rows, model::Logits::Last).contiguous();
+      } else {
+        Tensor hidden = decoder_.forward_cached(batch_ids, cache, rows, model::Logits::None).contiguous();
+        const int64_t H = hidden.size(2);
+        Tensor last = Tensor::empty({b, H});
+        for (int64_t i = 0; i < b; ++i)
+          std::copy_n(hidden.data<float>() + (i * t_max + rows_[rows[i]].prompt_len - 1) * H, H,
+                      last.data<float>() + i * H);
+        logits = decoder_.logits_from_hidden(last).contiguous();
+      }
       const float* data = logits.data<float>();
       for (int64_t i = 0; i < b; ++i) {
         Row& row = rows_[rows[i]];
         cache.set_length(rows[i], row.prompt_len);  // forget the padding
         tokens += row.prompt_len;
-        std::copy_n(data + (i * t_max + row.prompt_len - 1) * vocab_, vocab_, scratch.begin());
+        std::copy_n(data + i * vocab_, vocab_, scratch.begin());
         accept(rows[i], scratch);
       }
       begin = end;

@@ -125,7 +125,10 @@ GGUFModel load_gguf_model(const std::string& path) {
   auto need = [&](const std::string& key) {
     const GGUFValue* v = num(key);
     CORELM_CHECK(v != nullptr, FormatError, w, "missing key ", arch, ".", key);
-    return v->as_float();
+    const double d = v->as_float();
+    // Sizes become int64 (and tensor shapes): refuse NaN, negatives and absurd values up front.
+    CORELM_CHECK(d >= 0 && d <= 2147483647.0, FormatError, w, "key ", arch, ".", key, " = ", d, " is out of range");
+    return d;
   };
   const auto hidden = static_cast<int64_t>(need("embedding_length"));
   const auto layers = static_cast<int64_t>(need("block_count"));
@@ -163,8 +166,9 @@ GGUFModel load_gguf_model(const std::string& path) {
   auto expect = [&](const std::string& hf, const Shape& shape) {
     auto it = by_name.find(hf);
     CORELM_CHECK(it != by_name.end(), FormatError, w, "missing tensor '", gguf_name_from_hf(hf), "'");
+    // shape_str, not a Tensor of that shape: the metadata may imply terabytes.
     CORELM_CHECK(it->second.shape() == shape, FormatError, w, "tensor '", gguf_name_from_hf(hf), "' has shape ",
-                 it->second.str(), " but the metadata implies ", Tensor::empty(shape).str());
+                 shape_str(it->second.shape()), " but the metadata implies ", shape_str(shape));
     Tensor v = it->second;
     const bool q = hf.find("self_attn.q_proj.") != std::string::npos;
     const bool k = hf.find("self_attn.k_proj.") != std::string::npos;

@@ -4,6 +4,7 @@
 #include "corelm/llama2c.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -193,6 +194,42 @@ Llama2cTokenizer Llama2cTokenizer::load(const std::string& path, int64_t vocab_s
   // Stable: on duplicate pieces the lowest id wins.
   std::stable_sort(tok.sorted_.begin(), tok.sorted_.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
+  return tok;
+}
+
+Llama2cTokenizer Llama2cTokenizer::from_gguf_pieces(const std::vector<std::string>& pieces,
+                                                   const std::vector<float>& scores, const std::string& source) {
+  CORELM_CHECK(pieces.size() == scores.size(), FormatError, source, ": tokenizer.ggml.scores has ", scores.size(),
+               " entries for ", pieces.size(), " tokens");
+  CORELM_CHECK(pieces.size() > 258, FormatError, source, ": a SentencePiece-style vocabulary of ", pieces.size(),
+               " tokens cannot hold the 256 byte pieces after <unk>, <s>, </s>");
+  for (int b = 0; b < 256; ++b) {
+    char want[8];
+    std::snprintf(want, sizeof want, "<0x%02X>", b);
+    CORELM_CHECK(pieces[b + 3] == want, FormatError, source, ": tokenizer.ggml.tokens[", b + 3, "] is '",
+                 pieces[b + 3], "', expected the byte piece ", want, " (byte fallback needs id = byte + 3)");
+  }
+  Llama2cTokenizer tok;
+  size_t longest = 1;
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    std::string p = pieces[id];
+    if (id == kBos || id == kEos) p = id == kBos ? "\n<s>\n" : "\n</s>\n";  // as llama2.c's export writes them
+    std::string spaced;
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (p.compare(i, 3, "\xe2\x96\x81") == 0) {
+        spaced += ' ';
+        i += 2;
+      } else {
+        spaced += p[i];
+      }
+    }
+    longest = std::max(longest, spaced.size());
+    tok.pieces_.push_back(std::move(spaced));
+    tok.scores_.push_back(scores[id]);
+  }
+  tok.max_token_length_ = static_cast<int64_t>(longest);
+  for (size_t i = 0; i < tok.pieces_.size(); ++i) tok.sorted_.emplace_back(tok.pieces_[i], static_cast<int64_t>(i));
+  std::stable_sort(tok.sorted_.begin(), tok.sorted_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return tok;
 }
 

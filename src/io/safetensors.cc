@@ -81,7 +81,7 @@ std::vector<Entry> parse_header(const std::string& path, const char* text, size_
   ojson header;
   try {
     header = ojson::parse(text, text + len, cb);
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {  // parse_error, and out_of_range for numbers beyond 64 bits
     throw FormatError(w + "header is not valid JSON: " + e.what());
   }
   CORELM_CHECK(duplicate.empty(), FormatError, w, "duplicate tensor '", duplicate, "' in header");

@@ -10,6 +10,7 @@
 #include "corelm/model.h"
 #include "corelm/ops.h"
 #include "corelm/random.h"
+#include "model/fast_forward.h"
 
 namespace corelm::model {
 
@@ -99,7 +100,27 @@ Tensor& Decoder::parameter(const std::string& name) {
 
 bool Decoder::has_parameter(const std::string& name) const { return index_.count(name) != 0; }
 
+const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "f32"; }
+
+Precision parse_precision(const std::string& s) {
+  if (s == "f32") return Precision::F32;
+  if (s == "bf16") return Precision::BF16;
+  throw ValueError("unknown precision '" + s + "' (use f32 or bf16)");
+}
+
+void Decoder::prepare_inference(Precision p) {
+  fast_.reset();  // free the old packing before building a new one
+  if (p == Precision::BF16) fast_ = std::make_shared<const FastWeights>(pack_fast_weights(*this));
+  prepared_ = true;
+}
+
+void Decoder::drop_inference() {
+  fast_.reset();
+  prepared_ = false;
+}
+
 void Decoder::load_parameter(const std::string& name, const Tensor& value) {
+  drop_inference();  // the packed copy would be stale
   Tensor& p = parameter(name);
   CORELM_CHECK(value.defined(), ValueError, "Decoder::load_parameter '", name, "': undefined tensor");
   CORELM_CHECK(value.shape() == p.shape(), ShapeError, "Decoder::load_parameter '", name, "': shape ",
@@ -125,7 +146,26 @@ struct LayerWeights {
 
 }  // namespace
 
-Tensor Decoder::forward(const Tensor& ids) const { return lm_head(forward_hidden(ids)); }
+namespace {
+std::vector<int64_t> all_rows(int64_t B) {
+  std::vector<int64_t> rows(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) rows[static_cast<size_t>(b)] = b;
+  return rows;
+}
+}  // namespace
+
+// Without gradient recording, a prepared fast path also serves full-sequence inference (eval,
+// scoring) through a throwaway cache; training always takes the op path below.
+Tensor Decoder::forward(const Tensor& ids) const {
+  if (fast_ && !autograd::grad_mode_enabled()) {
+    check_ids(ids, "forward");
+    CORELM_CHECK(ids.size(1) <= config_.max_position_embeddings, ValueError, "Decoder::forward: sequence length ",
+                 ids.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
+    KVCache cache(config_, std::max<int64_t>(ids.size(0), 1), std::max<int64_t>(ids.size(1), 1));
+    return forward_cached(ids, cache, all_rows(ids.size(0)), Logits::All);
+  }
+  return lm_head(forward_hidden(ids));
+}
 
 Tensor Decoder::lm_head(const Tensor& hidden) const {
   const Tensor& w = config_.tie_word_embeddings ? params_[index_.at("model.embed_tokens.weight")].second
@@ -196,6 +236,10 @@ Tensor Decoder::forward_hidden(const Tensor& ids) const {
   const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
   CORELM_CHECK(T <= config_.max_position_embeddings, ValueError, "Decoder::forward: sequence length ", T,
                " exceeds max_position_embeddings ", config_.max_position_embeddings);
+  if (fast_ && !autograd::grad_mode_enabled()) {
+    KVCache cache(config_, std::max<int64_t>(B, 1), std::max<int64_t>(T, 1));
+    return forward_cached(ids, cache, all_rows(B), Logits::None);
+  }
   Ctx ctx{config_, params_, index_};
   Tensor x = ops::reshape(ops::embedding(ctx.get("model.embed_tokens.weight"), ids), {B * T, H});
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
@@ -212,7 +256,24 @@ Tensor Decoder::forward_hidden(const Tensor& ids) const {
   return ops::reshape(x, {B, T, H});
 }
 
-Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows) const {
+Tensor Decoder::logits_from_hidden(const Tensor& hidden) const {
+  CORELM_CHECK(hidden.defined() && hidden.dim() >= 1 && hidden.size(-1) == config_.hidden_size, ShapeError,
+               "Decoder::logits_from_hidden: hidden must end in hidden_size ", config_.hidden_size, ", got ",
+               hidden.defined() ? shape_str(hidden.shape()) : std::string("undefined"));
+  autograd::NoGradGuard no_grad;
+  if (!fast_) return lm_head(hidden);
+  CORELM_CHECK(hidden.dtype() == DType::F32, DTypeError, "Decoder::logits_from_hidden: hidden must be f32, got ",
+               dtype_name(hidden.dtype()));
+  Tensor h = hidden.contiguous();
+  Shape out_shape = hidden.shape();
+  out_shape.back() = config_.vocab_size;
+  Tensor out = Tensor::empty(out_shape);
+  fast_lm_head(*fast_, h.data<float>(), h.numel() / config_.hidden_size, out.data<float>());
+  return out;
+}
+
+Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows,
+                               Logits logits) const {
   check_ids(ids, "forward_cached");
   autograd::NoGradGuard no_grad;
   const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
@@ -238,12 +299,20 @@ Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vec
     CORELM_CHECK(cache.length(r) + T <= cache.capacity(), ValueError, "Decoder::forward_cached: row ", r, " holds ",
                  cache.length(r), " tokens; appending ", T, " exceeds the cache capacity ", cache.capacity());
   }
-  if (T == 0) return Tensor::zeros({B, 0, config_.vocab_size});
+  if (T == 0) {
+    CORELM_CHECK(logits != Logits::Last, ValueError, "Decoder::forward_cached: Logits::Last needs at least one token");
+    return Tensor::zeros({B, 0, logits == Logits::None ? H : config_.vocab_size});
+  }
   {
     const Tensor& k0 = cache.k(0);
     CORELM_CHECK(k0.dim() == 4 && k0.size(1) == Hkv && k0.size(3) == D, ShapeError,
                  "Decoder::forward_cached: cache layout ", shape_str(k0.shape()), " does not match ", Hkv,
                  " kv heads of dim ", D);
+  }
+  if (fast_) {
+    Tensor out = fast_forward_cached(*fast_, config_, ids, cache, rows, start, logits);
+    for (int64_t b = 0; b < B; ++b) cache.set_length(rows[static_cast<size_t>(b)], start[static_cast<size_t>(b)] + T);
+    return out;
   }
 
   Ctx ctx{config_, params_, index_};
@@ -281,7 +350,10 @@ Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vec
     const int64_t r = rows[static_cast<size_t>(b)];
     cache.set_length(r, start[static_cast<size_t>(b)] + T);
   }
-  return lm_head(ops::reshape(x, {B, T, H}));
+  Tensor hidden = ops::reshape(x, {B, T, H});
+  if (logits == Logits::None) return hidden;
+  if (logits == Logits::Last) hidden = hidden.slice(1, T - 1, T);
+  return lm_head(hidden);
 }
 
 }  // namespace corelm::model

@@ -1,4 +1,6 @@
 // Activations: SiLU, SwiGLU, softmax / log-softmax over any dim, inverted dropout.
+// SwiGLU (the MLP's activation, hot in training) runs the vectorised kernel of
+// kernels/cpu/vec_fast.h on AVX-512 paths; the rest use the reference kernels on every path.
 #include <memory>
 #include <vector>
 
@@ -6,6 +8,7 @@
 #include "corelm/ops.h"
 #include "corelm/random.h"
 #include "kernels/cpu/reference/activation.h"
+#include "kernels/cpu/vec_fast.h"
 #include "ops/op_checks.h"
 
 namespace corelm::ops {
@@ -80,14 +83,14 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
                " and up ", shape_str(up.shape()), " must have the same shape");
   const Tensor gc = gate.contiguous(), uc = up.contiguous();
   Tensor out = Tensor::empty(gate.shape());
-  if (out.numel() > 0) ref::swiglu_forward(gc.data<float>(), uc.data<float>(), out.data<float>(), out.numel());
+  if (out.numel() > 0) kernels::fast::swiglu_forward(gc.data<float>(), uc.data<float>(), out.data<float>(), out.numel());
   if (autograd::needs_grad({gate, up})) {
     autograd::record(out, "swiglu", {gate, up}, [sg = gc.detach(), su = uc.detach()](const Tensor& g) {
       const Tensor grad_c = g.contiguous();
       Tensor grad_gate = Tensor::empty(sg.shape()), grad_up = Tensor::empty(su.shape());
       if (sg.numel() > 0) {
-        ref::swiglu_backward(sg.data<float>(), su.data<float>(), grad_c.data<float>(),
-                             grad_gate.data<float>(), grad_up.data<float>(), sg.numel());
+        kernels::fast::swiglu_backward(sg.data<float>(), su.data<float>(), grad_c.data<float>(),
+                                       grad_gate.data<float>(), grad_up.data<float>(), sg.numel());
       }
       return std::vector<Tensor>{grad_gate, grad_up};
     });

@@ -2,11 +2,16 @@
 // Mean over rows whose target != ignore_index. Deliberate difference from PyTorch: when every row
 // is ignored the loss is 0 with a zero gradient (PyTorch returns nan), so a fully padded batch
 // cannot poison a run.
+// Dispatch: the reference path (CORELM_ISA=reference) runs the scalar reference kernels; every
+// other path the vectorised one (kernels/cpu/loss_fast.h), which keeps each row's log-sum-exp for
+// the backward instead of recomputing it.
 #include <memory>
 #include <vector>
 
 #include "corelm/autograd.h"
+#include "corelm/isa.h"
 #include "corelm/ops.h"
+#include "kernels/cpu/loss_fast.h"
 #include "kernels/cpu/reference/loss.h"
 #include "ops/op_checks.h"
 
@@ -37,8 +42,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   }
 
   const Tensor lc = logits.contiguous();
+  const bool fast = active_isa() != Isa::Reference;
   std::vector<float> row_loss(n);
-  if (n > 0) {
+  auto lse = std::make_shared<std::vector<double>>(fast ? n : 0);
+  if (n > 0 && fast) {
+    kernels::fast::cross_entropy_forward(lc.data<float>(), target_ids->data(), n, v, ignore_index, row_loss.data(),
+                                         lse->data());
+  } else if (n > 0) {
     kernels::reference::cross_entropy_forward(lc.data<float>(), target_ids->data(), n, v,
                                               ignore_index, row_loss.data());
   }
@@ -48,13 +58,16 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
   if (autograd::needs_grad({logits})) {
     autograd::record(out, "cross_entropy", {logits, targets},
-                     [sl = lc.detach(), target_ids, ignore_index, count, n, v](const Tensor& g) {
-                       Tensor grad = Tensor::zeros(sl.shape());
-                       if (count > 0 && grad.numel() > 0) {
-                         const float grad_scale = static_cast<float>(g.item() / double(count));
-                         kernels::reference::cross_entropy_backward(
-                             sl.data<float>(), target_ids->data(), n, v, ignore_index, grad_scale,
-                             grad.data<float>());
+                     [sl = lc.detach(), target_ids, lse, fast, ignore_index, count, n, v](const Tensor& g) {
+                       if (count == 0 || sl.numel() == 0) return std::vector<Tensor>{Tensor::zeros(sl.shape()), Tensor()};
+                       Tensor grad = Tensor::empty(sl.shape());
+                       const float grad_scale = static_cast<float>(g.item() / double(count));
+                       if (fast) {
+                         kernels::fast::cross_entropy_backward(sl.data<float>(), lse->data(), target_ids->data(), n,
+                                                               v, ignore_index, grad_scale, grad.data<float>());
+                       } else {
+                         kernels::reference::cross_entropy_backward(sl.data<float>(), target_ids->data(), n, v,
+                                                                    ignore_index, grad_scale, grad.data<float>());
                        }
                        return std::vector<Tensor>{grad, Tensor()};
                      });

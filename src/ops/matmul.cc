@@ -4,12 +4,12 @@
 // the rows of a single GEMM.
 #include "corelm/autograd.h"
 #include "corelm/ops.h"
-#include "kernels/cpu/reference/gemm.h"
+#include "kernels/cpu/gemm.h"
 #include "ops/op_checks.h"
 
 namespace corelm::ops {
 namespace {
-namespace ref = kernels::reference;
+namespace kern = kernels;
 
 Shape batch_of(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 2); }
 
@@ -52,7 +52,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 
   if (b.dim() == 2 && !ta) {
     // Rows of every batch item of a are rows of one tall [batch * M, K] matrix.
-    ref::gemm(false, tb, shape_numel(batch) * M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, N);
+    kern::gemm_f32(false, tb, shape_numel(batch) * M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, N);
     return out;
   }
   const Strides sa = batch_strides(ac, batch), sb = batch_strides(bc, batch);
@@ -65,7 +65,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       off_a += i * sa[d];
       off_b += i * sb[d];
     }
-    ref::gemm(ta, tb, M, N, K, 1.0f, pa + off_a, lda, pb + off_b, ldb, 0.0f, pc + item * M * N, N);
+    kern::gemm_f32(ta, tb, M, N, K, 1.0f, pa + off_a, lda, pb + off_b, ldb, 0.0f, pc + item * M * N, N);
   }
   return out;
 }

@@ -1,9 +1,12 @@
 // RMSNorm (Llama/Qwen): x [..., D] * rsqrt(mean(x^2, -1) + eps) * weight [D]. The backward uses a
-// dedicated kernel (one pass over x) rather than composing a dozen elementwise ops.
+// dedicated kernel (one pass over x) rather than composing a dozen elementwise ops. The reference
+// path (CORELM_ISA=reference) runs the scalar reference kernels, the others kernels/cpu/norm_fast.h.
 #include <vector>
 
 #include "corelm/autograd.h"
+#include "corelm/isa.h"
 #include "corelm/ops.h"
+#include "kernels/cpu/norm_fast.h"
 #include "kernels/cpu/reference/norm.h"
 #include "ops/op_checks.h"
 
@@ -24,18 +27,22 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
   Tensor out = Tensor::empty(x.shape());
   const bool record = autograd::needs_grad({x, weight});
   Tensor inv_rms = record ? Tensor::empty({rows}) : Tensor();
+  const bool fast = active_isa() != Isa::Reference;
   if (out.numel() > 0) {
-    kernels::reference::rms_norm_forward(xc.data<float>(), wc.data<float>(), out.data<float>(),
-                                         record ? inv_rms.data<float>() : nullptr, rows, d, eps);
+    const auto forward = fast ? kernels::fast::rms_norm_forward : kernels::reference::rms_norm_forward;
+    forward(xc.data<float>(), wc.data<float>(), out.data<float>(), record ? inv_rms.data<float>() : nullptr, rows, d,
+            eps);
   }
   if (record) {
     autograd::record(out, "rms_norm", {x, weight},
-                     [sx = xc.detach(), sw = wc.detach(), inv_rms, rows, d](const Tensor& g) {
+                     [sx = xc.detach(), sw = wc.detach(), inv_rms, rows, d, fast](const Tensor& g) {
                        const Tensor gc = g.contiguous();
                        Tensor grad_x = Tensor::empty(sx.shape());
                        Tensor grad_w = Tensor::zeros({d});
                        if (rows > 0 && d > 0) {
-                         kernels::reference::rms_norm_backward(
+                         const auto backward =
+                             fast ? kernels::fast::rms_norm_backward : kernels::reference::rms_norm_backward;
+                         backward(
                              sx.data<float>(), sw.data<float>(), inv_rms.data<float>(),
                              gc.data<float>(), grad_x.data<float>(), grad_w.data<float>(), rows, d);
                        }

@@ -349,6 +349,22 @@ TEST_F(GGUFTest, LlamaModelShapeMismatchAndMissingTensorNameTheTensor) {
     EXPECT_NE(std::string(e.what()).find("bad.gguf"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("blk.0.ffn_down.weight"), std::string::npos) << e.what();
   }
+  // Found by fuzz_gguf_reader: a vocab_size of 2^31 - 1 with a small token_embd once made the
+  // shape-mismatch message allocate a tensor of the implied shape (19 GB). Now a plain error.
+  nlohmann::json huge = tiny_config();
+  huge["vocab_size"] = 2147483647;
+  save_gguf_model(path("huge.gguf"), huge, tiny_tensors(gen));
+  try {
+    load_gguf_model(path("huge.gguf"));
+    ADD_FAILURE() << "loaded";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("token_embd.weight' has shape"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2147483647"), std::string::npos) << e.what();
+  }
+  huge = tiny_config();
+  huge["num_hidden_layers"] = int64_t{1} << 40;
+  save_gguf_model(path("layers.gguf"), huge, tiny_tensors(gen));
+  EXPECT_THROW(load_gguf_model(path("layers.gguf")), FormatError);
   tensors = tiny_tensors(gen);
   tensors.erase(tensors.begin() + 3);
   save_gguf_model(path("missing.gguf"), tiny_config(), tensors);

@@ -168,5 +168,31 @@ TEST(Llama2cRealFiles, Llama2VocabMatchesLlamaCppGguf) {
   }
 }
 
+// The reverse: llama.cpp's GGUF vocabulary read back (from_gguf_pieces) encodes and decodes like the
+// llama2.c tokenizer.bin, with .inp/.out llama.cpp test strings as inputs.
+TEST(Llama2cRealFiles, GgufVocabEncodesLikeTokenizerBin) {
+  const fs::path data = fs::path(CORELM_SOURCE_DIR) / ".." / "shared" / "data" / "tokenizers";
+  const fs::path bin = data / "llama2" / "tokenizer.bin", gguf = data / "llama.cpp-vocab-tests" / "ggml-vocab-llama-spm.gguf";
+  if (!fs::exists(bin) || !fs::exists(gguf)) GTEST_SKIP() << "shared data set absent (" << data.string() << ")";
+  auto ref = Llama2cTokenizer::load(bin.string());
+  auto file = GGUFFile::open(gguf.string());
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+  for (const auto& t : file.at("tokenizer.ggml.tokens").array) pieces.push_back(t.as_string());
+  for (const auto& s : file.at("tokenizer.ggml.scores").array) scores.push_back(static_cast<float>(s.as_float()));
+  auto tok = Llama2cTokenizer::from_gguf_pieces(pieces, scores, gguf.string());
+  for (const char* text : {"Hello world", " leading space", "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80",
+                           "tabs\tand\nnewlines", "3.14159 + 2 = 5.14159"}) {
+    EXPECT_EQ(tok.encode(text, true, false), ref.encode(text, true, false)) << text;
+    auto ids = ref.encode(text, true, false);
+    for (size_t i = 1; i < ids.size(); ++i) EXPECT_EQ(tok.decode(ids[i - 1], ids[i]), ref.decode(ids[i - 1], ids[i]));
+  }
+  // Byte fallback needs <0xXX> at id byte + 3: a vocabulary without it is refused, naming the token.
+  pieces[3 + 0x41] = "A";
+  EXPECT_THROW(Llama2cTokenizer::from_gguf_pieces(pieces, scores, "bad.gguf"), FormatError);
+  scores.pop_back();
+  EXPECT_THROW(Llama2cTokenizer::from_gguf_pieces(pieces, scores, "bad.gguf"), FormatError);
+}
+
 }  // namespace
 }  // namespace corelm::io

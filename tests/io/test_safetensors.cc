@@ -288,6 +288,11 @@ TEST_F(SafetensorsTest, BadShapeAndFields) {
       R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "w": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
       std::string(2, '\0'));
   expect_open_error<FormatError>(dup, {"dup.safetensors", "duplicate", "'w'"});
+  // Found by fuzz_safetensors_header: a number beyond 64 bits made the JSON parser throw its
+  // out_of_range exception, which escaped as a non-corelm error (a crash in the CLI).
+  std::string overflow = write_raw("ovf.safetensors",
+                                   R"({"w": {"dtype": "F16", "shape": [)" + std::string(400, '8') + "]}}", "");
+  expect_open_error<FormatError>(overflow, {"ovf.safetensors", "not valid JSON"});
 }
 
 }  // namespace

@@ -1,0 +1,259 @@
+// corelm bench model: one-core model throughput on random bf16-rounded weights (no files needed).
+// Headline figures: scored tokens/s (prefill without the LM head, as classification scoring
+// runs), batched and batch-1 generated tokens/s (decode with the full LM head), training
+// tokens/s through the real trainer; plus an optional llama-bench-style grid (pp N / tg N by
+// batch and context depth). Every figure: one warm-up run, then repeats for >= --seconds.
+#include <chrono>
+#include <ctime>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "command_registry.h"
+#include "corelm/autograd.h"
+#include "corelm/error.h"
+#include "corelm/isa.h"
+#include "corelm/model.h"
+#include "corelm/thread_pool.h"
+#include "corelm/train.h"
+
+namespace corelm::cli {
+namespace {
+
+struct BenchModelArgs {
+  std::string preset = "tiny", precision = "bf16";
+  int threads = 1;
+  bool json = false, grid = false, no_train = false;
+  double seconds = 1.0;
+  uint64_t seed = 1;
+  int64_t score_batch = 16, score_seq = 256, gen_batch = 16, gen_steps = 128;
+  int64_t train_batch = 8, train_seq = 128, train_steps = 4;
+  int64_t pp = 512, tg = 128;
+  std::vector<int64_t> batch{1, 16, 32}, depth{0};
+};
+
+using Clock = std::chrono::steady_clock;
+
+double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Units per second of wall time and of process CPU time (on a shared, oversubscribed machine the
+// wall figure includes time spent waiting for a core; with 1 thread the CPU figure does not).
+struct Rate {
+  double wall = 0, cpu = 0;
+};
+
+// Runs fn once to warm up, then until `min_seconds` have passed (at least twice), timing only
+// the repeats. fn returns the units of work it processed.
+template <typename Fn>
+Rate rate(double min_seconds, Fn fn) {
+  fn();
+  double total = 0, units = 0;
+  const double cpu0 = process_cpu_seconds();
+  for (int runs = 0; runs < 2 || total < min_seconds; ++runs) {
+    const auto t0 = Clock::now();
+    units += static_cast<double>(fn());
+    total += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return {units / total, units / (process_cpu_seconds() - cpu0)};
+}
+
+std::vector<int64_t> iota_rows(int64_t n) {
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = i;
+  return rows;
+}
+
+Tensor random_ids(int64_t B, int64_t T, int64_t vocab, Generator& gen) {
+  std::vector<int64_t> ids(static_cast<size_t>(B * T));
+  for (auto& id : ids) id = static_cast<int64_t>(gen.below(static_cast<uint64_t>(vocab)));
+  return Tensor::from_vector(ids, {B, T});
+}
+
+// Fills every row of `cache` to `depth` tokens (untimed context for the grid).
+void fill_depth(const model::Decoder& d, model::KVCache& cache, int64_t depth, Generator& gen) {
+  cache.reset();
+  if (depth > 0)
+    d.forward_cached(random_ids(cache.batch(), depth, d.config().vocab_size, gen), cache, iota_rows(cache.batch()),
+                     model::Logits::None);
+}
+
+// Prefill of B x T tokens at `depth`, logits as asked; tokens/s.
+Rate prefill_rate(const model::Decoder& d, int64_t B, int64_t T, int64_t depth, model::Logits logits, double secs,
+                    Generator& gen) {
+  model::KVCache cache(d.config(), B, depth + T);
+  fill_depth(d, cache, depth, gen);
+  const Tensor ids = random_ids(B, T, d.config().vocab_size, gen);
+  const auto rows = iota_rows(B);
+  return rate(secs, [&] {
+    for (int64_t r = 0; r < B; ++r) cache.set_length(r, depth);
+    d.forward_cached(ids, cache, rows, logits);
+    return B * T;
+  });
+}
+
+// `steps` decode steps of B rows from `depth`, full LM head; generated tokens/s.
+Rate decode_rate(const model::Decoder& d, int64_t B, int64_t steps, int64_t depth, double secs, Generator& gen) {
+  model::KVCache cache(d.config(), B, depth + steps);
+  fill_depth(d, cache, depth, gen);
+  const Tensor ids = random_ids(B, 1, d.config().vocab_size, gen);
+  const auto rows = iota_rows(B);
+  return rate(secs, [&] {
+    for (int64_t r = 0; r < B; ++r) cache.set_length(r, depth);
+    for (int64_t s = 0; s < steps; ++s) d.forward_cached(ids, cache, rows, model::Logits::All);
+    return B * steps;
+  });
+}
+
+// Training steps through train::train (AdamW, clipping, full softmax cross-entropy).
+double train_rate(const model::ModelConfig& config, const BenchModelArgs& a) {
+  model::Decoder d(config);
+  d.init_weights(a.seed);
+  Generator gen(a.seed + 7);
+  std::vector<TokenId> ids(static_cast<size_t>(a.train_batch * (a.train_seq + 1) * 16));
+  for (auto& id : ids) id = static_cast<TokenId>(gen.below(static_cast<uint64_t>(config.vocab_size)));
+  train::TokenDataset data = train::TokenDataset::from_ids(std::move(ids));
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("corelm-bench-train-" + std::to_string(::getpid()))).string();
+  train::TrainOptions o;
+  o.out_dir = dir;
+  o.steps = a.train_steps + 1;  // the first step warms up and is not counted below
+  o.batch = a.train_batch;
+  o.seq = a.train_seq;
+  o.sample_tokens = 0;
+  o.progress = false;
+  o.seed = a.seed;
+  o.schedule.warmup = 0;
+  train::WindowSampler sampler(data, 0, data.size(), a.seed);
+  train::TrainResult r;
+  try {
+    // One step first so allocation and page faults are not timed, then the measured run.
+    train::TrainOptions warm = o;
+    warm.steps = 1;
+    train::train(d, sampler, nullptr, nullptr, "", warm);
+    std::filesystem::remove_all(dir);
+    r = train::train(d, sampler, nullptr, nullptr, "", o);
+  } catch (...) {
+    std::filesystem::remove_all(dir);
+    throw;
+  }
+  std::filesystem::remove_all(dir);
+  return r.tokens_per_s;
+}
+
+void run(const BenchModelArgs& a) {
+  CORELM_CHECK(a.threads >= 1, ValueError, "bench model: --threads must be >= 1");
+  set_num_threads(a.threads);
+  const model::ModelConfig config = model::ModelConfig::preset(a.preset);
+  model::Decoder d(config);
+  {
+    // Random weights rounded to bf16, so the f32 and bf16 paths see the same model.
+    autograd::NoGradGuard no_grad;
+    d.init_weights(a.seed);
+    for (const auto& [name, t] : d.named_parameters()) const_cast<Tensor&>(t).copy_(t.to(DType::BF16));
+  }
+  const model::Precision precision = model::parse_precision(a.precision);
+  d.prepare_inference(precision);
+  Generator gen(a.seed + 1);
+  Rate scored, generated, b1;
+  {
+    autograd::NoGradGuard no_grad;
+    scored = prefill_rate(d, a.score_batch, a.score_seq, 0, model::Logits::None, a.seconds, gen);
+    generated = decode_rate(d, a.gen_batch, a.gen_steps, 0, a.seconds, gen);
+    b1 = decode_rate(d, 1, a.gen_steps, 0, a.seconds, gen);
+  }
+  const double trained = a.no_train ? 0.0 : train_rate(config, a);
+
+  const double flops_per_token = 2.0 * static_cast<double>(config.num_parameters(false));
+  nlohmann::ordered_json r{{"preset", a.preset},
+                           {"isa", isa_name(active_isa())},
+                           {"threads", a.threads},
+                           {"precision", model::precision_name(precision)},
+                           {"scored_tok_s", scored.wall},
+                           {"scored_shape", {a.score_batch, a.score_seq}},
+                           {"generated_tok_s", generated.wall},
+                           {"generated_batch", a.gen_batch},
+                           {"generated_steps", a.gen_steps},
+                           {"decode_b1_tok_s", b1.wall},
+                           {"train_tok_s", a.no_train ? nlohmann::ordered_json() : nlohmann::ordered_json(trained)},
+                           {"train_shape", {a.train_batch, a.train_seq}},
+                           {"cpu_time_tok_s",
+                            {{"scored", scored.cpu}, {"generated", generated.cpu}, {"decode_b1", b1.cpu}}},
+                           {"params", config.num_parameters(true)},
+                           {"params_non_embedding", config.num_parameters(false)},
+                           {"flops_per_token_no_head", flops_per_token},
+                           {"lm_head_flops_per_token", 2.0 * double(config.vocab_size * config.hidden_size)},
+                           {"config", config.to_json()}};
+  if (a.grid) {
+    autograd::NoGradGuard no_grad;
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (int64_t depth : a.depth)
+      for (int64_t b : a.batch) {
+        rows.push_back({{"test", "pp" + std::to_string(a.pp)}, {"batch", b}, {"depth", depth},
+                        {"tok_s", prefill_rate(d, b, a.pp, depth, model::Logits::Last, a.seconds, gen).wall}});
+        rows.push_back({{"test", "tg" + std::to_string(a.tg)}, {"batch", b}, {"depth", depth},
+                        {"tok_s", decode_rate(d, b, a.tg, depth, a.seconds, gen).wall}});
+      }
+    r["grid"] = rows;
+  }
+  if (a.json) {
+    std::cout << r.dump() << "\n";
+    return;
+  }
+  std::printf("model %s (%lld params), %s, isa %s, %d thread(s)\n", a.preset.c_str(),
+              static_cast<long long>(config.num_parameters(true)), model::precision_name(precision),
+              isa_name(active_isa()), a.threads);
+  std::printf("| measurement | shape | tok/s |\n|---|---|---:|\n");
+  std::printf("| scored (prefill, no LM head) | %lld x %lld | %.0f |\n", static_cast<long long>(a.score_batch),
+              static_cast<long long>(a.score_seq), scored.wall);
+  std::printf("| generated (batched decode, full LM head) | B=%lld, %lld steps | %.0f |\n",
+              static_cast<long long>(a.gen_batch), static_cast<long long>(a.gen_steps), generated.wall);
+  std::printf("| decode batch 1 | %lld steps | %.0f |\n", static_cast<long long>(a.gen_steps), b1.wall);
+  if (!a.no_train)
+    std::printf("| train (AdamW, full softmax) | %lld x %lld | %.0f |\n", static_cast<long long>(a.train_batch),
+                static_cast<long long>(a.train_seq), trained);
+  if (a.grid) {
+    std::printf("\n| test | batch | depth | tok/s |\n|---|---:|---:|---:|\n");
+    for (const auto& row : r["grid"])
+      std::printf("| %s | %lld | %lld | %.0f |\n", row["test"].get<std::string>().c_str(),
+                  static_cast<long long>(row["batch"].get<int64_t>()), static_cast<long long>(row["depth"].get<int64_t>()),
+                  row["tok_s"].get<double>());
+  }
+}
+
+RegisterCommand reg([](CLI::App& root) {
+  auto a = std::make_shared<BenchModelArgs>();
+  CLI::App& bench = subcommand_group(root, "bench", "Benchmarks (JSON with --json)");
+  CLI::App* c = bench.add_subcommand("model", "Model tokens/s on random weights: scoring, decode, training, grid");
+  c->add_option("--preset", a->preset, "model shape: tiny, small, smollm2-135m")->capture_default_str();
+  c->add_option("--threads", a->threads, "compute threads")->capture_default_str();
+  c->add_option("--precision", a->precision, "bf16 (fast path) or f32 (reference path)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  c->add_option("--seconds", a->seconds, "minimum measuring time per figure")->capture_default_str();
+  c->add_option("--seed", a->seed, "weight seed")->capture_default_str();
+  c->add_option("--gen-batch", a->gen_batch, "rows of the batched decode figure")->capture_default_str();
+  c->add_option("--train-steps", a->train_steps, "timed training steps")->capture_default_str();
+  c->add_flag("--no-train", a->no_train, "skip the training figure");
+  c->add_flag("--grid", a->grid, "also run the pp/tg grid (implied by --pp, --tg, --batch, --depth)");
+  CLI::Option* pp = c->add_option("--pp", a->pp, "grid: prompt tokens per row (prefill, last-token logits)")->capture_default_str();
+  CLI::Option* tg = c->add_option("--tg", a->tg, "grid: generated tokens per row (decode, full LM head)")->capture_default_str();
+  CLI::Option* batch = c->add_option("--batch", a->batch, "grid: batch sizes, e.g. 1,16,32")->delimiter(',');
+  CLI::Option* depth = c->add_option("--depth", a->depth, "grid: context depths, e.g. 0,256")->delimiter(',');
+  c->add_flag("--json", a->json, "print one JSON object");
+  c->callback([a, pp, tg, batch, depth] {
+    if (pp->count() || tg->count() || batch->count() || depth->count()) a->grid = true;
+    run(*a);
+  });
+});
+
+}  // namespace
+}  // namespace corelm::cli

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Writes small seed files for fuzz_safetensors_header and fuzz_gguf_reader into
+fuzz/seeds/safetensors and fuzz/seeds/gguf: valid files of every dtype / ggml type and a tiny llama
+model (so the fuzzer starts from inputs that get past the magic and the header checks).
+Needs numpy and the `gguf` package (tests/requirements.txt). Usage: make_interop_seeds.py"""
+import json
+import os
+import struct
+
+import numpy as np
+import gguf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def safetensors_bytes(tensors, metadata=None):
+    header, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def write_safetensors_seeds(out):
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(0)
+    f32 = rng.standard_normal((3, 4)).astype(np.float32)
+    seeds = {
+        "all_dtypes": {"a": ("F32", [3, 4], f32.tobytes()), "b": ("F16", [4], np.ones(4, np.float16).tobytes()),
+                       "c": ("BF16", [2, 2], b"\x80\x3f" * 4), "d": ("I32", [2], b"\x01\0\0\0\x02\0\0\0"),
+                       "e": ("I64", [1], b"\x07" + b"\0" * 7), "f": ("I8", [3], b"\x01\x02\xff"),
+                       "g": ("U8", [2], b"\x00\xff"), "empty": ("F32", [0, 5], b"")},
+        "metadata": {"w": ("F32", [2], f32.tobytes()[:8])},
+        "scalar": {"s": ("F32", [], f32.tobytes()[:4])},
+    }
+    for name, tensors in seeds.items():
+        with open(os.path.join(out, name + ".safetensors"), "wb") as f:
+            f.write(safetensors_bytes(tensors, {"format": "pt"} if name == "metadata" else None))
+
+
+def write_gguf_seeds(out):
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(1)
+    # Every metadata value type and tensor type.
+    w = gguf.GGUFWriter(os.path.join(out, "types.gguf"), "llama")
+    w.add_uint8("t.u8", 7); w.add_int8("t.i8", -7); w.add_uint16("t.u16", 700); w.add_int16("t.i16", -700)
+    w.add_uint32("t.u32", 70000); w.add_int32("t.i32", -70000); w.add_float32("t.f32", 1.5); w.add_bool("t.b", True)
+    w.add_string("t.s", "hello"); w.add_uint64("t.u64", 1 << 40); w.add_int64("t.i64", -(1 << 40))
+    w.add_float64("t.f64", 2.25); w.add_array("t.arr", [1, 2, 3]); w.add_array("t.sarr", ["a", "bc"])
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    w.add_tensor("f32", x)
+    w.add_tensor("f16", x.astype(np.float16))
+    w.add_tensor("q8_0", gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("q4_0", gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q4_0), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    # A tiny llama model (hidden 8, 1 layer, vocab 4) that load_gguf_model accepts.
+    w = gguf.GGUFWriter(os.path.join(out, "tiny_llama.gguf"), "llama")
+    for key, value in [("llama.embedding_length", 8), ("llama.block_count", 1), ("llama.feed_forward_length", 16),
+                       ("llama.attention.head_count", 2), ("llama.attention.head_count_kv", 1),
+                       ("llama.context_length", 16), ("llama.vocab_size", 4)]:
+        w.add_uint32(key, value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    shapes = {"token_embd.weight": (4, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
+              "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8), "blk.0.attn_v.weight": (4, 8),
+              "blk.0.attn_output.weight": (8, 8), "blk.0.ffn_norm.weight": (8,), "blk.0.ffn_gate.weight": (16, 8),
+              "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}
+    for name, shape in shapes.items():
+        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+
+
+if __name__ == "__main__":
+    write_safetensors_seeds(os.path.join(HERE, "seeds", "safetensors"))
+    write_gguf_seeds(os.path.join(HERE, "seeds", "gguf"))

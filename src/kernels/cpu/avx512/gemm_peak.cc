@@ -1,0 +1,21 @@
+// Peak probe for `corelm bench gemm`: independent zmm FMA chains, no memory traffic.
+#include <immintrin.h>
+
+#include "kernels/cpu/gemm_paths.h"
+
+namespace corelm::kernels::avx512 {
+
+float fma_peak_loop(int64_t iters) {
+  constexpr int kChains = 12;  // > latency x ports, so the FMA units never wait
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * c);
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.0001f);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  __m512 s = acc[0];
+  for (int c = 1; c < kChains; ++c) s = _mm512_add_ps(s, acc[c]);
+  return _mm512_reduce_add_ps(s);
+}
+
+}  // namespace corelm::kernels::avx512

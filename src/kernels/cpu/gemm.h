@@ -1,0 +1,61 @@
+// Dispatching GEMM entry points used by the ops and the inference path. Each picks the kernel for
+// active_isa(); the scalar reference in reference/gemm.h is the contract every path is tested
+// against.
+//
+// Batch invariance (a corelm guarantee, tested): row i of the output depends only on row i of
+// op(A), B and K -- never on M, on where the row sits in A, on the other rows or on the thread
+// count. Kernels therefore block over M and N freely but reduce over K in one fixed order.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "corelm/isa.h"
+
+namespace corelm::kernels {
+
+// fp32 GEMM with exactly the contract of reference::gemm (see reference/gemm.h):
+//   C[M, N] = alpha * op(A) * op(B) + beta * C.
+void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// A linear layer's weight W [N, K] (nn.Linear layout: out_features x in_features), packed once at
+// load into bf16 in the layout the kernel for `isa` wants. The layout is private to the kernels.
+struct PackedLinear {
+  int64_t n = 0, k = 0;     // out_features, in_features
+  Isa isa = Isa::Reference; // the path it was packed for; linear_bf16 repacks nothing
+  int64_t k_padded = 0;     // K rounded up as the layout needs (zeros in the padding)
+  std::vector<uint16_t> data;  // bf16 bit patterns
+  std::vector<float> bias;     // empty: no bias
+  size_t bytes() const { return data.size() * sizeof(uint16_t) + bias.size() * sizeof(float); }
+};
+
+// Rounds W (row-major [n, k], row stride ldw) to bf16 (round-to-nearest-even) and packs it for
+// active_isa(). `bias` (n floats) may be null.
+PackedLinear pack_linear_bf16(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias);
+// The same, packed for the kernel of path `kernel` (Reference, Avx2, Avx512 = bf16 widened to fp32
+// FMA, Avx512Bf16 = vdpbf16ps), e.g. to pick the faster kernel for a CPU: on the Intel development
+// core vdpbf16ps has half the FMA throughput, so Avx512 is ~30% faster for batches but slower for
+// one row (docs/KERNELS.md). ValueError if this CPU lacks the path or it has no linear kernel (Amx).
+PackedLinear pack_linear_bf16(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias, Isa kernel);
+
+// The linear kernel an inference model should pack its weights for on this CPU under active_isa():
+// the widening FMA kernel (Avx512) where vdpbf16ps issues at half the FMA rate (Intel cores up to
+// Sapphire Rapids: measured 86 vs 179 GFLOP/s here, and 18-31% faster model throughput), the
+// vdpbf16ps kernel elsewhere (AMD Zen4 issues it at twice the FMA rate). The choice depends only
+// on the CPU vendor (never on a timing), so it is the same on every run; CORELM_BF16_KERNEL=
+// dpbf16|fma overrides it. Every row still uses one kernel whatever the batch (batch invariance).
+Isa preferred_linear_bf16_kernel();
+
+// Y[m, n] = bf16(X[m, :]) . W[n, :] (+ bias[n]), products of bf16 values accumulated in fp32.
+// X is fp32 (row stride ldx) and rounded to bf16 (nearest-even) on the fly; Y is fp32 (row stride
+// ldy). Batch invariant as above; uses the thread pool. The kernel is the one W was packed for
+// (so a weight packed under CORELM_ISA=reference runs the reference kernel).
+void linear_bf16(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, float* Y, int64_t ldy);
+
+// Measured single-thread peaks (GFLOP/s) of the calling core for benchmarks: fp32 vector FMA on
+// the widest fp32 path of active_isa() (0 on the reference path), and vdpbf16ps (0 unless
+// active_isa() >= Avx512Bf16). A multiply-add counts as 2 flops.
+double fp32_fma_peak_gflops(double seconds);
+double bf16_dot_peak_gflops(double seconds);
+
+}  // namespace corelm::kernels

@@ -1,0 +1,87 @@
+// Internal interface between the GEMM dispatcher (gemm_dispatch.cc, baseline x86-64) and the
+// per-ISA kernels (src/kernels/cpu/<isa>/, compiled with that ISA's -m flags).
+//
+// The ISA translation units only see plain structs and pointers: thread pool, scratch buffers and
+// std containers stay in the baseline dispatcher, so no inline library code compiled with AVX-512
+// flags can be picked by the linker for baseline callers.
+//
+// Work split (identical for every ISA and thread count): the output is cut into blocks of
+// kGemmRowBlock rows x one column block; a block is one parallel_for task. Inside a block a kernel
+// tiles freely, but every output element is one FMA chain over k = 0..K-1 in order, started from
+// zero, then scaled by alpha and combined with beta * C. Nothing in that chain depends on M, on the
+// row's position or on the thread count, which is what makes the kernels batch invariant.
+#pragma once
+#include <cstdint>
+
+namespace corelm::kernels {
+
+inline constexpr int64_t kGemmRowBlock = 384;  // rows per task (a multiple of every row tile)
+inline constexpr int64_t kGemmColBlock = 256;  // columns per task (a multiple of every panel width)
+inline constexpr int64_t kGemmKBlock = 128;    // k-steps per packed B panel (64 columns: 32 KiB, in L1)
+inline constexpr int64_t kGemmMaxPanel = 64;   // widest fp32 panel (AVX-512: 4 zmm)
+// Scratch of one fp32 GEMM task: a packed panel plus the accumulators carried between k-blocks.
+inline constexpr int64_t kGemmF32ScratchFloats = (kGemmKBlock + kGemmRowBlock) * kGemmMaxPanel;
+
+struct GemmF32Args {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const float* A = nullptr;
+  int64_t lda = 0;
+  const float* B = nullptr;
+  int64_t ldb = 0;
+  float* C = nullptr;
+  int64_t ldc = 0;
+};
+
+// Computes C rows [m0, m1) x columns [n0, n1) (n1 - n0 <= kGemmColBlock, m1 - m0 <=
+// kGemmRowBlock). `pack` is scratch of kGemmF32ScratchFloats floats, 64-byte aligned.
+using GemmF32BlockFn = void (*)(const GemmF32Args&, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* pack);
+
+// bf16 packed linear layout shared by the Avx2, Avx512 and Avx512Bf16 paths: W [N, K] is cut into
+// panels of kLinearPanel output columns; within a panel, k-pairs are outermost and each column
+// holds its two consecutive k values side by side (the operand order vdpbf16ps wants):
+//   element (j, k) -> data[(j / 64) * (kp * 64) + (k / 2) * 128 + (j % 64) * 2 + k % 2]
+// with kp = K rounded up to even. Padding rows/columns are zero.
+inline constexpr int64_t kLinearPanel = 64;
+
+struct LinearBf16Args {
+  const float* X = nullptr;
+  int64_t ldx = 0;
+  const uint16_t* W = nullptr;  // packed as above
+  const float* bias = nullptr;  // may be null
+  int64_t n = 0, k = 0, kp = 0;
+  float* Y = nullptr;
+  int64_t ldy = 0;
+};
+
+// Computes Y rows [m0, m1) x panels [p0, p1). `xbuf` is scratch of at least
+// linear_bf16_scratch_bytes(kp) bytes, 64-byte aligned (the rows of X rounded to bf16);
+// `x_ready`: it already holds rows [m0, m1) of this call's X, rounded by the same kernel.
+inline constexpr int64_t linear_bf16_scratch_bytes(int64_t kp) { return kGemmRowBlock * (kp + 16) * 4; }
+using LinearBf16BlockFn = void (*)(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1,
+                                   void* xbuf, bool x_ready);
+
+// Peak probes: `iters` rounds of 12 independent chains of one vector FMA (fp32) or vdpbf16ps
+// each; the return value only keeps the work alive.
+inline constexpr int kPeakChains = 12;
+
+namespace avx2 {
+float fma_peak_loop(int64_t iters);
+void gemm_f32_block(const GemmF32Args&, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* pack);
+void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
+                       bool x_ready);
+}  // namespace avx2
+namespace avx512 {
+float fma_peak_loop(int64_t iters);
+void gemm_f32_block(const GemmF32Args&, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float* pack);
+void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
+                       bool x_ready);
+}  // namespace avx512
+namespace avx512_bf16 {
+float dpbf16_peak_loop(int64_t iters);
+void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
+                       bool x_ready);
+}  // namespace avx512_bf16
+
+}  // namespace corelm::kernels

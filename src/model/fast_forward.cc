@@ -1,0 +1,195 @@
+// Fast inference forward. Per layer: fused RMSNorm -> one QKV linear -> RoPE on q/k in place and
+// k/v written into the cache -> online-softmax attention against each row's cache -> o linear ->
+// residual -> RMSNorm -> one gate+up linear -> SwiGLU -> down -> residual. Buffers come from a
+// per-thread workspace that only grows, so steady-state decoding allocates nothing but the
+// returned tensor. Every step is row-local or reduces in a fixed order (and the bf16 linears are
+// batch invariant), so a row's outputs never depend on the rest of the batch or the threads.
+#include "model/fast_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "corelm/error.h"
+#include "corelm/thread_pool.h"
+
+namespace corelm::model {
+namespace {
+
+std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+const Tensor& tensor_of(const Decoder& d, const std::string& name) {
+  for (const auto& [n, t] : d.named_parameters())
+    if (n == name) {
+      CORELM_CHECK(t.is_contiguous() && t.dtype() == DType::F32, DTypeError, "pack_fast_weights: parameter '", name,
+                   "' must be contiguous f32");
+      return t;
+    }
+  throw IndexError("pack_fast_weights: no parameter '" + name + "'");
+}
+
+const float* param(const Decoder& d, const std::string& name) { return tensor_of(d, name).data<float>(); }
+
+std::vector<float> copy_of(const Decoder& d, const std::string& name, int64_t n) {
+  const float* p = param(d, name);
+  return std::vector<float>(p, p + n);
+}
+
+// Packs the row-concatenation of several [rows_i, k] weights (and their biases, if any) as one linear.
+kernels::PackedLinear pack_rows(const Decoder& d, const std::vector<std::string>& names, int64_t k) {
+  std::vector<float> w, bias;
+  bool any_bias = false;
+  for (const auto& name : names) any_bias |= d.has_parameter(name + ".bias");
+  for (const auto& name : names) {
+    const int64_t rows = tensor_of(d, name + ".weight").size(0);
+    const float* p = param(d, name + ".weight");
+    w.insert(w.end(), p, p + rows * k);
+    if (d.has_parameter(name + ".bias")) {
+      const float* b = param(d, name + ".bias");
+      bias.insert(bias.end(), b, b + rows);
+    } else if (any_bias) {
+      bias.insert(bias.end(), static_cast<size_t>(rows), 0.0f);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(w.size()) / k;
+  return kernels::pack_linear_bf16(w.data(), n, k, k, any_bias ? bias.data() : nullptr,
+                                   kernels::preferred_linear_bf16_kernel());
+}
+
+// Reused buffers; sized up on demand, never shrunk.
+struct Workspace {
+  std::vector<float> x, h, qkv, attn, gu, m, tmp;
+  static float* fit(std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    return v.data();
+  }
+};
+
+void add_inplace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+FastWeights pack_fast_weights(const Decoder& d) {
+  const ModelConfig& c = d.config();
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim();
+  FastWeights w;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    FastLayer layer;
+    layer.in_norm = copy_of(d, p + "input_layernorm.weight", H);
+    layer.post_norm = copy_of(d, p + "post_attention_layernorm.weight", H);
+    layer.qkv = pack_rows(d, {p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"}, H);
+    layer.o = pack_rows(d, {p + "self_attn.o_proj"}, Q);
+    layer.gate_up = pack_rows(d, {p + "mlp.gate_proj", p + "mlp.up_proj"}, H);
+    layer.down = pack_rows(d, {p + "mlp.down_proj"}, I);
+    w.layers.push_back(std::move(layer));
+  }
+  w.final_norm = copy_of(d, "model.norm.weight", H);
+  w.lm_head = pack_rows(d, {c.tie_word_embeddings ? "model.embed_tokens" : "lm_head"}, H);
+  w.embed = tensor_of(d, "model.embed_tokens.weight");
+  // Caches may be longer than max_position_embeddings (the reference path allows it too).
+  w.rope = kernels::RopeTable(c.head_dim, std::max<int64_t>(c.max_position_embeddings, 8192),
+                              static_cast<float>(c.rope_theta));
+  return w;
+}
+
+void fast_lm_head(const FastWeights& w, const float* hidden, int64_t n, float* logits) {
+  kernels::linear_bf16(hidden, n, w.lm_head.k, w.lm_head, logits, w.lm_head.n);
+}
+
+Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Tensor& ids, KVCache& cache,
+                           const std::vector<int64_t>& rows, const std::vector<int64_t>& start, Logits logits) {
+  const int64_t B = ids.size(0), T = ids.size(1), N = B * T;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, D = c.head_dim;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, Q = c.q_dim(), KV = c.kv_dim();
+  const int64_t QKV = Q + 2 * KV, cap = cache.capacity();
+  thread_local Workspace ws;
+  float* x = Workspace::fit(ws.x, N * H);
+  float* h = Workspace::fit(ws.h, N * H);
+  float* qkv = Workspace::fit(ws.qkv, N * QKV);
+  float* attn = Workspace::fit(ws.attn, N * Q);
+  float* gu = Workspace::fit(ws.gu, N * 2 * I);
+  float* m = Workspace::fit(ws.m, N * I);
+  float* tmp = Workspace::fit(ws.tmp, N * H);
+
+  const std::vector<int64_t> tokens = ids.to_int_vector();
+  const float* embed = w.embed.data<float>();
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t id = tokens[static_cast<size_t>(i)];
+    CORELM_CHECK(id >= 0 && id < V, IndexError, "Decoder::forward_cached: token id ", id, " at [", i / T, ", ",
+                 i % T, "] is outside the vocabulary (", V, ")");
+    std::memcpy(x + i * H, embed + id * H, static_cast<size_t>(H) * sizeof(float));
+  }
+
+  const kernels::CachedAttention shape{Hq, Hkv, D, cap, 1.0f / std::sqrt(static_cast<float>(D))};
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const FastLayer& L = w.layers[static_cast<size_t>(l)];
+    float* kc = cache.k(l).data<float>();
+    float* vc = cache.v(l).data<float>();
+    kernels::fused_rms_norm(x, H, L.in_norm.data(), h, H, N, H, eps);
+    kernels::linear_bf16(h, N, H, L.qkv, qkv, QKV);
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t b = i / T, pos = start[static_cast<size_t>(b)] + i % T;
+      float* row = qkv + i * QKV;
+      kernels::fused_rope_inplace(row, Hq, w.rope, pos);
+      kernels::fused_rope_inplace(row + Q, Hkv, w.rope, pos);
+      const int64_t r = rows[static_cast<size_t>(b)];
+      for (int64_t g = 0; g < Hkv; ++g) {
+        const int64_t at = ((r * Hkv + g) * cap + pos) * D;
+        std::memcpy(kc + at, row + Q + g * D, static_cast<size_t>(D) * sizeof(float));
+        std::memcpy(vc + at, row + Q + KV + g * D, static_cast<size_t>(D) * sizeof(float));
+      }
+    }
+    // With Logits::Last, the last layer's work after the K/V writes is needed only for each row's
+    // last token: move those rows to the front (row b from b*T + T - 1, never overwriting a row
+    // still to be moved) and finish the layer on B rows.
+    int64_t n = N, t_kept = T;
+    if (l == c.num_hidden_layers - 1 && logits == Logits::Last && T > 1) {
+      for (int64_t b = 0; b < B; ++b) {
+        std::memcpy(qkv + b * QKV, qkv + (b * T + T - 1) * QKV, static_cast<size_t>(Q) * sizeof(float));
+        std::memcpy(x + b * H, x + (b * T + T - 1) * H, static_cast<size_t>(H) * sizeof(float));
+      }
+      n = B;
+      t_kept = 1;
+    }
+    // One work item per (token, query head); each writes only its own output slice.
+    parallel_for(n * Hq, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t i = item / Hq, head = item % Hq, b = i / t_kept;
+        const int64_t r = rows[static_cast<size_t>(b)];
+        const int64_t pos = start[static_cast<size_t>(b)] + T - t_kept + i % t_kept;
+        const int64_t row_base = r * Hkv * cap * D;
+        kernels::fused_attention_head(qkv + i * QKV + head * D, kc + row_base, vc + row_base, attn + i * Q + head * D,
+                                      head, pos, shape);
+      }
+    });
+    kernels::linear_bf16(attn, n, Q, L.o, tmp, H);
+    add_inplace(x, tmp, n * H);
+    kernels::fused_rms_norm(x, H, L.post_norm.data(), h, H, n, H, eps);
+    kernels::linear_bf16(h, n, H, L.gate_up, gu, 2 * I);
+    kernels::fused_swiglu(gu, 2 * I, m, I, n, I);
+    kernels::linear_bf16(m, n, I, L.down, tmp, H);
+    add_inplace(x, tmp, n * H);
+  }
+
+  if (logits == Logits::Last) {  // x holds each row's last token in rows 0 .. B-1
+    kernels::fused_rms_norm(x, H, w.final_norm.data(), h, H, B, H, eps);
+    Tensor out = Tensor::empty({B, 1, V});
+    fast_lm_head(w, h, B, out.data<float>());
+    return out;
+  }
+  kernels::fused_rms_norm(x, H, w.final_norm.data(), h, H, N, H, eps);
+  if (logits == Logits::None) {
+    Tensor out = Tensor::empty({B, T, H});
+    std::memcpy(out.data<float>(), h, static_cast<size_t>(N * H) * sizeof(float));
+    return out;
+  }
+  Tensor out = Tensor::empty({B, T, V});
+  fast_lm_head(w, h, N, out.data<float>());
+  return out;
+}
+
+}  // namespace corelm::model

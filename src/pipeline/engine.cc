@@ -1,0 +1,293 @@
+// Engine: prompt preparation and the three task heads over the decoder's KV-cache forward.
+#include "pipeline/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "corelm/error.h"
+
+namespace corelm::pipeline {
+namespace {
+
+// Documents are padded up to a multiple of this many tokens: few distinct shapes (so batches
+// fill up) at a bounded cost in padding.
+constexpr int64_t kBucketStep = 16;
+
+double log_sum_exp(const float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+  return m + std::log(s);
+}
+
+}  // namespace
+
+Engine::Engine(const model::Decoder& decoder, const Tokenizer& tokenizer, TaskSpec spec, int64_t max_logits_floats)
+    : decoder_(decoder), tok_(tokenizer), spec_(std::move(spec)), max_logits_floats_(max_logits_floats) {
+  spec_.validate();
+  const auto& cfg = decoder_.config();
+  vocab_ = cfg.vocab_size;
+  tok_vocab_ = std::min<int64_t>(vocab_, static_cast<int64_t>(tok_.vocab_size()));
+  ctx_ = cfg.max_position_embeddings;
+  if (spec_.max_context > 0) ctx_ = std::min(ctx_, spec_.max_context);
+  const std::string tmpl = spec_.effective_template();
+  const size_t at = tmpl.find("{text}");
+  prefix_text_ = tmpl.substr(0, at);
+  suffix_text_ = tmpl.substr(at + 6);
+
+  if (spec_.kind == TaskKind::Classify) {
+    for (const auto& label : spec_.labels) {
+      std::vector<TokenId> t = tok_.encode(spec_.label_prefix + label);
+      if (spec_.label_eos && tok_.eos_id()) t.push_back(*tok_.eos_id());
+      CORELM_CHECK(!t.empty(), ValueError, "--labels: label '", label, "' encodes to no tokens");
+      label_len_ = std::max<int64_t>(label_len_, static_cast<int64_t>(t.size()));
+      label_tokens_.push_back(std::move(t));
+    }
+    budget_ = ctx_ - label_len_;
+  } else if (spec_.kind == TaskKind::Extract) {
+    budget_ = ctx_ - spec_.max_tokens;
+    if (!spec_.regex.empty()) regex_ = Regex::compile(spec_.regex);
+  } else {
+    budget_ = ctx_;
+  }
+  EncodeOptions eo;
+  eo.add_special = spec_.add_special;
+  const int64_t template_tokens = static_cast<int64_t>(tok_.encode(prefix_text_ + suffix_text_, eo).size());
+  CORELM_CHECK(budget_ > template_tokens, ValueError, "the context of ", ctx_, " tokens leaves ", budget_,
+               " for the prompt, but the template alone takes ", template_tokens,
+               " (raise --max-context, shorten the template or lower --max-tokens)");
+
+  // The template's prefix is run once; each document copies its keys/values.
+  prefix_ = tok_.encode(prefix_text_, eo);
+  if (!prefix_.empty()) {
+    const int64_t P = static_cast<int64_t>(prefix_.size());
+    prefix_cache_ = std::make_unique<model::KVCache>(cfg, 1, P);
+    prefix_logits_.assign(static_cast<size_t>(P * vocab_), 0.0f);
+    forward({prefix_}, *prefix_cache_, {0},
+            [&](size_t, const float* logits) { std::copy_n(logits, P * vocab_, prefix_logits_.begin()); });
+  }
+  set_batch(1);
+}
+
+Engine::~Engine() = default;
+
+void Engine::set_batch(int64_t batch) {
+  CORELM_CHECK(batch >= 1, ValueError, "--batch must be at least 1, got ", batch);
+  batch_ = batch;
+  const int64_t rows = spec_.kind == TaskKind::Classify ? batch * static_cast<int64_t>(label_tokens_.size()) : batch;
+  cache_ = std::make_unique<model::KVCache>(decoder_.config(), rows, ctx_ + kBucketStep);
+}
+
+std::optional<PreparedDoc> Engine::prepare(const std::string& text, std::string& error) const {
+  EncodeOptions eo;
+  eo.add_special = spec_.add_special;
+  PreparedDoc doc;
+  doc.tokens = tok_.encode(prefix_text_ + text + suffix_text_, eo);
+  if (static_cast<int64_t>(doc.tokens.size()) > budget_) {
+    if (spec_.truncate == Truncate::Error) {
+      error = "document has " + std::to_string(doc.tokens.size()) + " prompt tokens; the context allows " +
+              std::to_string(budget_) + " (--truncate error)";
+      return std::nullopt;
+    }
+    // Cut the document's own tokens (never the template), then re-encode the prompt: token counts
+    // can shift by a few at the cut, so shrink until it fits.
+    std::vector<TokenId> body = tok_.encode(text);
+    int64_t keep = static_cast<int64_t>(body.size()) - (static_cast<int64_t>(doc.tokens.size()) - budget_);
+    for (int attempt = 0;; ++attempt) {
+      keep = std::max<int64_t>(0, keep);
+      std::span<const TokenId> kept = spec_.truncate == Truncate::Head
+                                          ? std::span<const TokenId>(body.data(), keep)
+                                          : std::span<const TokenId>(body.data() + body.size() - keep, keep);
+      doc.tokens = tok_.encode(prefix_text_ + tok_.decode(kept) + suffix_text_, eo);
+      const int64_t over = static_cast<int64_t>(doc.tokens.size()) - budget_;
+      if (over <= 0) break;
+      CORELM_CHECK(keep > 0 && attempt < 64, ValueError, "cannot truncate the document to fit the context");
+      keep -= std::max<int64_t>(1, over);
+    }
+    doc.truncated = true;
+  }
+  if (doc.tokens.empty()) {
+    error = "the prompt encodes to no tokens";
+    return std::nullopt;
+  }
+  if (spec_.kind == TaskKind::Score && doc.tokens.size() < 2) {
+    error = "score needs at least 2 tokens, the document has " + std::to_string(doc.tokens.size());
+    return std::nullopt;
+  }
+  // Reuse the prefix's KV for the tokens the prompt shares with it; at least one token of the
+  // prompt is left to run so its last position yields logits.
+  size_t common = 0;
+  while (common < prefix_.size() && common < doc.tokens.size() && prefix_[common] == doc.tokens[common]) ++common;
+  doc.reuse = static_cast<int64_t>(std::min(common, doc.tokens.size() - 1));
+  return doc;
+}
+
+int64_t Engine::bucket(const PreparedDoc& doc) const {
+  const int64_t n = static_cast<int64_t>(doc.tokens.size()) - doc.reuse - hold_back();
+  return (n + kBucketStep - 1) / kBucketStep * kBucketStep;
+}
+
+// The single place the model runs. Rows are split into several calls when their logits would
+// exceed the memory bound; rows are independent, so this changes no result. Calls whose logits
+// nobody reads skip the LM head (Logits::None).
+void Engine::forward(const std::vector<std::vector<TokenId>>& ids, model::KVCache& cache,
+                     const std::vector<int64_t>& rows, const std::function<void(size_t, const float*)>& on_row_logits) {
+  const int64_t T = static_cast<int64_t>(ids.at(0).size());
+  const model::Logits want = on_row_logits ? model::Logits::All : model::Logits::None;
+  const size_t per_call = on_row_logits ? static_cast<size_t>(std::max<int64_t>(
+                                              1, max_logits_floats_ / std::max<int64_t>(1, T * vocab_)))
+                                        : ids.size();
+  for (size_t b0 = 0; b0 < ids.size(); b0 += per_call) {
+    const size_t b1 = std::min(ids.size(), b0 + per_call);
+    std::vector<int32_t> flat;
+    flat.reserve((b1 - b0) * T);
+    for (size_t b = b0; b < b1; ++b) flat.insert(flat.end(), ids[b].begin(), ids[b].end());
+    std::vector<int64_t> sub(rows.begin() + b0, rows.begin() + b1);
+    Tensor out = decoder_.forward_cached(Tensor::from_vector(flat, {static_cast<int64_t>(b1 - b0), T}), cache, sub, want);
+    if (!on_row_logits) continue;
+    const Tensor logits = out.contiguous();
+    const float* p = logits.data<float>();
+    for (size_t b = b0; b < b1; ++b) on_row_logits(b, p + (b - b0) * T * vocab_);
+  }
+}
+
+void Engine::copy_kv(model::KVCache& src, int64_t src_row, int64_t dst_row, int64_t n) {
+  if (n == 0) return;
+  for (int64_t l = 0; l < decoder_.config().num_hidden_layers; ++l) {
+    cache_->k(l).slice(0, dst_row, dst_row + 1).slice(2, 0, n).copy_(src.k(l).slice(0, src_row, src_row + 1).slice(2, 0, n));
+    cache_->v(l).slice(0, dst_row, dst_row + 1).slice(2, 0, n).copy_(src.v(l).slice(0, src_row, src_row + 1).slice(2, 0, n));
+  }
+}
+
+// Puts each document's reused prefix into its row (length = reuse).
+void Engine::start_rows(const std::vector<PreparedDoc*>& docs, const std::vector<int64_t>& rows) {
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (docs[i]->reuse > 0) copy_kv(*prefix_cache_, 0, rows[i], docs[i]->reuse);
+    cache_->set_length(rows[i], docs[i]->reuse);
+  }
+}
+
+// The prompt minus its last token runs padded to the bucket length (its logits are not needed:
+// the place for Logits::None on the fast path); each row is then cut back to its real length and
+// the last tokens run as one [B, 1] step whose logits are the ones wanted. Padding never reaches
+// a position whose logits are used, and depends on the document alone.
+void Engine::prefill_last(const std::vector<PreparedDoc*>& docs, const std::vector<int64_t>& rows,
+                          const std::function<void(size_t, const float*)>& on_last_logits) {
+  start_rows(docs, rows);
+  const int64_t T = bucket(*docs[0]);
+  if (T > 0) forward(padded_doc_parts(docs, T, 1), *cache_, rows, {});
+  std::vector<std::vector<TokenId>> last;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    cache_->set_length(rows[i], static_cast<int64_t>(docs[i]->tokens.size()) - 1);
+    last.push_back({docs[i]->tokens.back()});
+  }
+  forward(last, *cache_, rows, on_last_logits);
+}
+
+void Engine::run_batch(const std::vector<PreparedDoc*>& docs) {
+  if (docs.empty()) return;
+  CORELM_CHECK(static_cast<int64_t>(docs.size()) <= batch_, ValueError, "Engine::run_batch: ", docs.size(),
+               " documents for a batch of ", batch_);
+  for (PreparedDoc* d : docs)
+    CORELM_CHECK(bucket(*d) == bucket(*docs[0]), ValueError, "Engine::run_batch: documents of different buckets");
+  switch (spec_.kind) {
+    case TaskKind::Classify: classify(docs); break;
+    case TaskKind::Extract: extract(docs); break;
+    case TaskKind::Score: score(docs); break;
+  }
+  for (PreparedDoc* d : docs)
+    if (d->truncated) d->result["truncated"] = true;
+}
+
+// The padded document part of each prompt (all of one bucket length).
+std::vector<std::vector<TokenId>> padded_doc_parts(const std::vector<PreparedDoc*>& docs, int64_t T, int64_t hold_back) {
+  std::vector<std::vector<TokenId>> ids;
+  for (const PreparedDoc* d : docs) {
+    std::vector<TokenId> part(d->tokens.begin() + d->reuse, d->tokens.end() - hold_back);
+    part.resize(static_cast<size_t>(T), 0);
+    ids.push_back(std::move(part));
+  }
+  return ids;
+}
+
+void Engine::classify(const std::vector<PreparedDoc*>& docs) {
+  const int64_t L = static_cast<int64_t>(label_tokens_.size());
+  std::vector<int64_t> doc_rows;
+  for (size_t i = 0; i < docs.size(); ++i) doc_rows.push_back(static_cast<int64_t>(i) * L);
+  // loglik[i][j]: log-likelihood of label j after document i. The document's last position
+  // scores every label's first token.
+  std::vector<std::vector<double>> loglik(docs.size(), std::vector<double>(L, 0.0));
+  prefill_last(docs, doc_rows, [&](size_t i, const float* row) {
+    const double lse = log_sum_exp(row, vocab_);
+    for (int64_t j = 0; j < L; ++j) loglik[i][j] = row[label_tokens_[j][0]] - lse;
+  });
+  if (label_len_ > 1) {
+    // Each label continues from a copy of the document's keys/values in its own row.
+    std::vector<std::vector<TokenId>> ids;
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < docs.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(docs[i]->tokens.size());
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t r = doc_rows[i] + j;
+        if (j > 0) copy_kv(*cache_, doc_rows[i], r, n);
+        cache_->set_length(r, n);
+        std::vector<TokenId> in(label_tokens_[j].begin(), label_tokens_[j].end() - 1);
+        in.resize(static_cast<size_t>(label_len_ - 1), 0);
+        ids.push_back(std::move(in));
+        rows.push_back(r);
+      }
+    }
+    forward(ids, *cache_, rows, [&](size_t k, const float* logits) {
+      const size_t i = k / L, j = k % L;
+      const auto& lt = label_tokens_[j];
+      for (size_t t = 1; t < lt.size(); ++t) {
+        const float* row = logits + (t - 1) * vocab_;
+        loglik[i][j] += row[lt[t]] - log_sum_exp(row, vocab_);
+      }
+    });
+  }
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const auto& ll = loglik[i];
+    const double m = *std::max_element(ll.begin(), ll.end());
+    double z = 0;
+    for (double v : ll) z += std::exp(v - m);
+    std::vector<double> p(L);
+    for (int64_t j = 0; j < L; ++j) p[j] = std::exp(ll[j] - m) / z;
+    std::vector<int64_t> order(L);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    nlohmann::ordered_json probs = nlohmann::ordered_json::object();
+    for (int64_t j = 0; j < L; ++j) probs[spec_.labels[j]] = p[j];
+    auto& r = docs[i]->result;
+    r["label"] = spec_.labels[order[0]];
+    r["probs"] = std::move(probs);
+    r["margin"] = L > 1 ? p[order[0]] - p[order[1]] : 1.0;
+    r["logprob"] = ll[order[0]];
+  }
+}
+
+void Engine::score(const std::vector<PreparedDoc*>& docs) {
+  const int64_t T = bucket(*docs[0]);
+  std::vector<int64_t> rows(docs.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  start_rows(docs, rows);
+  forward(padded_doc_parts(docs, T, 0), *cache_, rows, [&](size_t i, const float* logits) {
+    const PreparedDoc& d = *docs[i];
+    const int64_t n = static_cast<int64_t>(d.tokens.size()), reuse = d.reuse;
+    double total = 0;
+    // Position t predicts token t + 1; positions before `reuse` come from the prefix's logits.
+    for (int64_t t = 0; t + 1 < n; ++t) {
+      const float* row = t < reuse ? prefix_logits_.data() + t * vocab_ : logits + (t - reuse) * vocab_;
+      total += row[d.tokens[t + 1]] - log_sum_exp(row, vocab_);
+    }
+    const int64_t count = n - 1;
+    auto& r = docs[i]->result;
+    r["mean_logprob"] = total / count;
+    r["perplexity"] = std::exp(-total / count);
+    r["tokens"] = count;
+  });
+}
+
+}  // namespace corelm::pipeline
