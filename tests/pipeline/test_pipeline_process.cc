@@ -80,9 +80,12 @@ TEST_F(PipelineProcessTest, TwoMpiRanksEqualOneProcess) {
   ASSERT_EQ(run_to_end(classify_args(path("*.jsonl"), path("one")), path("one.log")), 0) << slurp(path("one.log"));
   std::vector<std::string> args{"-np", "2", "--oversubscribe", corelm_binary()};
   for (const auto& a : classify_args(path("*.jsonl"), path("mpi"))) args.push_back(a);
+  // Under ASan, OpenMPI's own allocations (libmpi and plugins it has already unloaded) are
+  // reported as leaks at exit; leak checking of our code is done by the one-process run above.
   const int rc = wait_exit(spawn_corelm(args, path("mpi.log"),
                                         -1, {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                             "OMPI_MCA_btl=self,vader,tcp", "OMPI_MCA_btl_tcp_if_include=lo"},
+                                             "OMPI_MCA_btl=self,vader,tcp", "OMPI_MCA_btl_tcp_if_include=lo",
+                                             "ASAN_OPTIONS=detect_leaks=0"},
                                         "mpirun"));
   ASSERT_EQ(rc, 0) << slurp(path("mpi.log"));
   EXPECT_EQ(read_parts(path("mpi")), read_parts(path("one")));
