@@ -1,5 +1,6 @@
-// corelm bench gemm: GFLOP/s of gemm_f32 and the packed bf16 linear at fixed and model shapes,
-// against the core's measured peaks (built-in FMA / vdpbf16ps probes) and, when the optional
+// corelm bench gemm: GFLOP/s of gemm_f32, the packed bf16 linear and the int8 linear (GOP/s) at
+// fixed and model shapes, against the core's measured peaks (built-in FMA / vdpbf16ps / vpdpbusd
+// probes) and, when the optional
 // bench/onednn_gemm executable was built next to this binary, oneDNN in the same run.
 #include <algorithm>
 #include <time.h>
@@ -21,6 +22,7 @@
 #include "corelm/thread_pool.h"
 // The kernel API is internal (src/); apps/ has no src/ include path, hence the relative path.
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/linear_int8.h"
 
 namespace corelm::cli {
 namespace {
@@ -137,6 +139,7 @@ void run(const GemmBenchArgs& a) {
   const bool cpu_clock = a.threads == 1;
   const auto shapes = a.shapes.empty() ? default_shapes(a.preset) : parse_shapes(a.shapes);
   const double fp32_peak = kernels::fp32_fma_peak_gflops(0.3), bf16_peak = kernels::bf16_dot_peak_gflops(0.3);
+  const double int8_peak = kernels::int8_dot_peak_gops(0.3);
 
   // Per-call floor: the cost of a 1x1x1 product, i.e. dispatch and call overhead alone.
   float one = 1.0f, out = 0.0f;
@@ -145,6 +148,8 @@ void run(const GemmBenchArgs& a) {
   });
   const auto tiny_w = kernels::pack_linear_bf16(&one, 1, 1, 1, nullptr);
   const double linear_floor = seconds_per_call(0.1, cpu_clock, [&] { kernels::linear_bf16(&one, 1, 1, tiny_w, &out, 1); });
+  const auto tiny_i8 = kernels::pack_linear_int8(&one, 1, 1, 1, nullptr);
+  const double int8_floor = seconds_per_call(0.1, cpu_clock, [&] { kernels::linear_int8(&one, 1, 1, tiny_i8, &out, 1); });
 
   nlohmann::ordered_json results = nlohmann::json::array();
   for (const auto& s : shapes) {
@@ -158,7 +163,11 @@ void run(const GemmBenchArgs& a) {
     const double t_bf16 = seconds_per_call(a.seconds, cpu_clock, [&] {
       kernels::linear_bf16(X.data(), s.M, s.K, packed, Y.data(), s.N);
     });
-    const double g_f32 = flops / t_f32 * 1e-9, g_bf16 = flops / t_bf16 * 1e-9;
+    const auto packed_i8 = kernels::pack_linear_int8(W.data(), s.N, s.K, s.K, nullptr);
+    const double t_int8 = seconds_per_call(a.seconds, cpu_clock, [&] {
+      kernels::linear_int8(X.data(), s.M, s.K, packed_i8, Y.data(), s.N);
+    });
+    const double g_f32 = flops / t_f32 * 1e-9, g_bf16 = flops / t_bf16 * 1e-9, g_int8 = flops / t_int8 * 1e-9;
     const double bf16_ref_peak = bf16_peak > 0 ? bf16_peak : fp32_peak;
     results.push_back({{"name", s.name},
                        {"M", s.M},
@@ -171,7 +180,12 @@ void run(const GemmBenchArgs& a) {
                        {"linear_bf16_gflops", g_bf16},
                        {"linear_bf16_pct_peak", bf16_ref_peak > 0 ? 100 * g_bf16 / bf16_ref_peak : 0.0},
                        {"linear_bf16_us", t_bf16 * 1e6},
-                       {"weight_bytes_bf16", s.N * s.K * 2}});
+                       {"weight_bytes_bf16", s.N * s.K * 2},
+                       {"linear_int8_isa", isa_name(packed_i8.isa)},
+                       {"linear_int8_gops", g_int8},
+                       {"linear_int8_pct_peak", int8_peak > 0 ? 100 * g_int8 / int8_peak : 0.0},
+                       {"linear_int8_us", t_int8 * 1e6},
+                       {"weight_bytes_int8", static_cast<int64_t>(packed_i8.bytes())}});
   }
   const nlohmann::json onednn = run_onednn(shapes, a.seconds);
   if (onednn.is_object() && onednn.contains("results"))
@@ -187,7 +201,10 @@ void run(const GemmBenchArgs& a) {
                            {"clock", cpu_clock ? "thread_cpu" : "wall"},
                            {"peak_fp32_gflops", fp32_peak},
                            {"peak_bf16_gflops", bf16_peak},
-                           {"call_floor_ns", {{"gemm_f32", gemm_floor * 1e9}, {"linear_bf16", linear_floor * 1e9}}},
+                           {"peak_int8_gops", int8_peak},
+                           {"call_floor_ns",
+                            {{"gemm_f32", gemm_floor * 1e9}, {"linear_bf16", linear_floor * 1e9},
+                             {"linear_int8", int8_floor * 1e9}}},
                            {"onednn", onednn.is_null() ? nlohmann::json("not built (bench/onednn_gemm)")
                                                        : onednn.value("version", nlohmann::json("error"))},
                            {"results", results}};
@@ -195,18 +212,20 @@ void run(const GemmBenchArgs& a) {
     std::cout << r.dump() << "\n";
     return;
   }
-  std::printf("isa %s, %d thread(s); peaks: fp32 FMA %.1f GFLOP/s, bf16 vdpbf16ps %.1f GFLOP/s\n",
-              isa_name(active_isa()), a.threads, fp32_peak, bf16_peak);
-  std::printf("per-call floor: gemm_f32 %.0f ns, linear_bf16 %.0f ns\n", gemm_floor * 1e9, linear_floor * 1e9);
+  std::printf("isa %s, %d thread(s); peaks: fp32 FMA %.1f GFLOP/s, bf16 vdpbf16ps %.1f GFLOP/s, int8 vpdpbusd %.1f "
+              "GOP/s\n", isa_name(active_isa()), a.threads, fp32_peak, bf16_peak, int8_peak);
+  std::printf("per-call floor: gemm_f32 %.0f ns, linear_bf16 %.0f ns, linear_int8 %.0f ns\n", gemm_floor * 1e9,
+              linear_floor * 1e9, int8_floor * 1e9);
   const bool dnn = results.size() && results[0].contains("onednn_bf16_gflops");
-  std::printf("\n| shape | M | K | N | f32 GFLOP/s | %% fp32 peak | bf16 GFLOP/s | %% bf16 peak |%s\n",
-              dnn ? " oneDNN f32 | oneDNN bf16 |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|%s\n", dnn ? "---|---|" : "");
+  std::printf("\n| shape | M | K | N | f32 GFLOP/s | %% fp32 peak | bf16 GFLOP/s | %% bf16 peak | int8 GOP/s | "
+              "%% int8 peak |%s\n", dnn ? " oneDNN f32 | oneDNN bf16 |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|%s\n", dnn ? "---|---|" : "");
   for (const auto& x : results) {
     std::printf("| %s | %lld | %lld | %lld | %.1f | %.0f%% | %.1f | %.0f%% |", x["name"].get<std::string>().c_str(),
                 static_cast<long long>(x["M"]), static_cast<long long>(x["K"]), static_cast<long long>(x["N"]),
                 x["gemm_f32_gflops"].get<double>(), x["gemm_f32_pct_peak"].get<double>(),
                 x["linear_bf16_gflops"].get<double>(), x["linear_bf16_pct_peak"].get<double>());
+    std::printf(" %.1f | %.0f%% |", x["linear_int8_gops"].get<double>(), x["linear_int8_pct_peak"].get<double>());
     if (dnn) std::printf(" %.1f | %.1f |", x["onednn_f32_gflops"].get<double>(), x["onednn_bf16_gflops"].get<double>());
     std::printf("\n");
   }
@@ -214,7 +233,7 @@ void run(const GemmBenchArgs& a) {
 
 const RegisterCommand reg([](CLI::App& root) {
   CLI::App& bench = subcommand_group(root, "bench", "Benchmarks (JSON with --json)");
-  auto* cmd = bench.add_subcommand("gemm", "GEMM / packed bf16 linear GFLOP/s vs the measured peak (and oneDNN)");
+  auto* cmd = bench.add_subcommand("gemm", "GEMM / packed bf16 / int8 linear GFLOP/s vs the measured peaks (and oneDNN)");
   auto args = std::make_shared<GemmBenchArgs>();
   cmd->add_flag("--json", args->json, "Print one JSON object instead of a table");
   cmd->add_option("--shapes", args->shapes, "Shapes 'M,K,N;M,K,N;...' (default: fixed + model shapes)");

@@ -123,7 +123,7 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--labels", a->labels, "number of labels (2..8)")->capture_default_str();
   c->add_option("--batch", a->batch, "documents per forward")->capture_default_str();
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
-  c->add_option("--precision", a->precision, "bf16 (fast path) or f32 (reference)")->capture_default_str();
+  c->add_option("--precision", a->precision, "bf16 (fast path, default), int8 (fast path, int8 weights and activations) or f32 (reference)")->capture_default_str();
   c->add_option("--scratch", a->scratch, "folder for the model, corpus and output (kept)");
   c->callback([a] { run(*a); });
 });

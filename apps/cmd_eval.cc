@@ -33,7 +33,8 @@ void run(const EvalArgs& a) {
   model::Checkpoint checkpoint = model::load_model(a.model, load_options);
   for (const auto& w : checkpoint.warnings) std::fprintf(stderr, "corelm: warning: %s\n", w.c_str());
   model::LoadedModel& m = checkpoint.model;
-  if (model::parse_precision(a.precision) == model::Precision::BF16) m.decoder.prepare_inference(model::Precision::BF16);
+  const model::Precision precision = model::parse_precision(a.precision);
+  if (precision != model::Precision::F32) m.decoder.prepare_inference(precision);
   const bool bin = a.data.size() > 4 && a.data.ends_with(".bin");
   train::TokenDataset data =
       bin ? train::TokenDataset::open(a.data) : train::TokenDataset::from_text_files(*m.tokenizer, {a.data}, a.threads);
@@ -64,8 +65,9 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--data", a->data, "text file, or token file FILE.bin (+ FILE.bin.json)")->required();
   c->add_option("--seq", a->seq, "window length (default: the model context)");
   c->add_option("--batch", a->batch, "windows per forward")->capture_default_str();
-  c->add_option("--precision", a->precision, "bf16: fast path (bf16 weights, fp32 accumulation); f32: reference path")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+  c->add_option("--precision", a->precision,
+                "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}))
       ->capture_default_str();
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_flag("--json", a->json, "one JSON object on stdout");

@@ -101,7 +101,10 @@ void run(const GenerateArgs& a) {
   model::Checkpoint checkpoint = model::load_model(a.model, load_options);
   for (const auto& w : checkpoint.warnings) std::fprintf(stderr, "corelm: warning: %s\n", w.c_str());
   model::LoadedModel& m = checkpoint.model;
-  if (model::parse_precision(a.precision) == model::Precision::BF16) m.decoder.prepare_inference(model::Precision::BF16);
+  // generation_config.json may list several eos ids (chat models end turns on more than one).
+  for (int64_t id : checkpoint.eos_ids) o.eos_ids.push_back(static_cast<TokenId>(id));
+  const model::Precision precision = model::parse_precision(a.precision);
+  if (precision != model::Precision::F32) m.decoder.prepare_inference(precision);
   infer::TextGenerator gen(m.decoder, *m.tokenizer);
 
   const bool stream = prompts.size() == 1 && !a.json;
@@ -168,8 +171,9 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_flag("--no-special", args->no_special, "do not add BOS/EOS to the prompt as the tokenizer configures");
   c->add_option("--truncate", args->truncate, "left: keep the last tokens of a prompt longer than the context "
                                               "(default: error)")->capture_default_str();
-  c->add_option("--precision", args->precision, "bf16: fast path (bf16 weights, fp32 accumulation); f32: reference path")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+  c->add_option("--precision", args->precision,
+                "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}))
       ->capture_default_str();
   c->add_option("--threads", args->threads, "compute threads")->capture_default_str();
   c->add_option("--batch-size", args->batch_size, "prompts of --prompt-file generated together")->capture_default_str();

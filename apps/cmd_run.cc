@@ -127,7 +127,8 @@ void add_task(CLI::App& group, pipeline::TaskKind kind, const std::string& help)
   c->add_flag("--add-special", t.add_special, "add the tokenizer's BOS/EOS to prompts (SFT pairs have none)");
   c->add_option("--shard", a->shard, "process shard i of N (chunks balanced by bytes)")->capture_default_str();
   c->add_flag("--mpi", o.mpi, "use MPI (implied when launched by mpirun): rank r takes shard r/N");
-  c->add_option("--precision", o.precision, "bf16 (fast path: bf16 weights, fp32 accumulation) or f32 (reference)")
+  c->add_option("--precision", o.precision,
+                "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
       ->capture_default_str();
   c->add_option("--threads", o.threads, "threads")->capture_default_str();
   c->add_option("--batch", o.batch, "documents per forward")->capture_default_str();

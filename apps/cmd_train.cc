@@ -13,6 +13,7 @@
 #include "corelm/tokenizer.h"
 #include "corelm/tokenizer_train.h"
 #include "corelm/train.h"
+#include "train/sampled_softmax.h"
 
 namespace corelm::cli {
 namespace {
@@ -28,6 +29,9 @@ struct TrainArgs {
   double lr = 2e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0, time_budget = 0, val_fraction = 0.05;
   std::string sample_prompt;
   bool resume = false, no_progress = false;
+  std::string loss = "full", compute_dtype = "f32";
+  int64_t negatives = 1024;
+  double count_floor = 32, sampled_alpha = 1.0;
 };
 
 bool is_token_file(const std::string& path) { return path.size() > 4 && path.ends_with(".bin"); }
@@ -108,6 +112,8 @@ void run(const TrainArgs& a) {
   train::TokenDataset dataset;
   std::vector<train::SftPair> pairs;
   size_t sft_val_begin = 0;
+  std::vector<int64_t> counts;  // training-split token counts: the sampled softmax's proposal
+  const bool sampled = a.loss == "sampled";
   if (!a.sft.empty()) {
     pairs = train::load_sft_pairs(a.sft, *tok);
     const size_t n_val = pairs.size() >= 2 ? std::max<size_t>(1, static_cast<size_t>(pairs.size() * a.val_fraction)) : 0;
@@ -115,6 +121,12 @@ void run(const TrainArgs& a) {
     sft_val_begin = n_val ? train_end : 0;
     const TokenId pad = tok->pad_id().value_or(tok->eos_id().value_or(0));
     source = std::make_unique<train::SftSampler>(pairs, 0, train_end, pad, a.seed);
+    if (sampled) {  // SFT targets are the outputs (and EOS)
+      counts.assign(static_cast<size_t>(config.vocab_size), 0);
+      for (size_t i = 0; i < train_end; ++i)
+        for (TokenId t : pairs[i].output)
+          if (static_cast<int64_t>(t) < config.vocab_size) ++counts[t];
+    }
     for (size_t i = train_end; i < pairs.size() && static_cast<int64_t>(val.size()) < a.eval_batches; i += a.batch) {
       std::vector<const train::SftPair*> rows;
       for (size_t j = i; j < std::min(pairs.size(), i + a.batch); ++j) rows.push_back(&pairs[j]);
@@ -142,6 +154,7 @@ void run(const TrainArgs& a) {
     if (split.train_end < dataset.size())
       val = train::sequential_batches(dataset, split.train_end, dataset.size(), a.batch, a.seq, a.eval_batches);
     source = std::make_unique<train::WindowSampler>(dataset, 0, split.train_end, a.seed);
+    if (sampled) counts = train::count_tokens(dataset, 0, split.train_end, config.vocab_size);
     if (!a.no_progress)
       std::cerr << "data: " << dataset.size() << " tokens (" << split.train_end << " train, "
                 << dataset.size() - split.train_end << " validation); model: "
@@ -173,6 +186,12 @@ void run(const TrainArgs& a) {
   opt.seed = a.seed;
   opt.resume = a.resume;
   opt.progress = !a.no_progress;
+  opt.loss = a.loss;
+  opt.sampled_negatives = a.negatives;
+  opt.sampled_floor = a.count_floor;
+  opt.sampled_alpha = a.sampled_alpha;
+  opt.unigram_counts = std::move(counts);
+  opt.compute_dtype = a.compute_dtype;
   const train::TrainResult r = train::train(decoder, *source, val.empty() ? nullptr : &val, tok.get(),
                                             tokenizer_path, opt);
   nlohmann::ordered_json summary{{"out", a.out},
@@ -221,6 +240,23 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--time-budget", a->time_budget, "stop (and checkpoint) after this many seconds");
   c->add_option("--stop-at", a->stop_at, "stop (and checkpoint) after this step, as an interruption would");
   c->add_flag("--no-progress", a->no_progress, "no progress output on stderr");
+  c->add_option("--loss", a->loss,
+                "training loss: full (fused LM head + softmax over the whole vocabulary) or sampled (softmax over "
+                "the batch targets plus --negatives ids drawn from the training unigram counts; validation stays "
+                "full)")
+      ->check(CLI::IsMember({"full", "sampled"}))
+      ->capture_default_str();
+  c->add_option("--negatives", a->negatives, "sampled loss: negatives drawn per micro-batch (with replacement)")
+      ->capture_default_str();
+  c->add_option("--count-floor", a->count_floor,
+                "sampled loss: proposal q ~ max(count, floor)^alpha; the floor gives rare tokens real negatives "
+                "(0 disables it)")
+      ->capture_default_str();
+  c->add_option("--sampled-alpha", a->sampled_alpha, "sampled loss: exponent alpha of the proposal")
+      ->capture_default_str();
+  c->add_option("--compute-dtype", a->compute_dtype, "matrix-product precision of training: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   c->callback([a] { run(*a); });
 });
 

@@ -60,22 +60,4 @@ t1=$(date +%s.%N)
 nice -n 10 "${pin[@]}" "$bin" run classify --model "$work/model" --input "$work/test.jsonl" --text-field text \
   --id-field id --template '{text}\nTopic:' --labels World,Sports,Business,Sci/Tech --out "$work/run" --batch 16 --precision "${PRECISION:-bf16}" --json \
   > "$work/run.json"
-python3 - "$work" "$t0" "$t1" <<'PY'
-import collections, glob, json, sys
-work, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-gold = {json.loads(l)["id"]: json.loads(l)["label"] for l in open(f"{work}/test.jsonl", encoding="utf-8")}
-pred = {}
-for part in sorted(glob.glob(f"{work}/run/part-*.jsonl")):
-    for line in open(part, encoding="utf-8"):
-        r = json.loads(line)
-        pred[r["id"]] = r["label"]
-majority = collections.Counter(gold.values()).most_common(1)[0][1] / len(gold)
-run = json.load(open(f"{work}/run.json"))
-train = json.load(open(f"{work}/train.json"))
-print(json.dumps({"task": "AG News (description only)", "test": len(gold), "classified": len(pred),
-                  "accuracy": sum(pred.get(i) == l for i, l in gold.items()) / len(gold),
-                  "majority_baseline": majority, "train_steps": train["steps"],
-                  "train_seconds": round(t1 - t0, 1), "train_val_loss": train["val_loss"],
-                  "run_input_tokens": run["input_tokens"], "run_tokens_per_s": run["tokens_per_s"],
-                  "run_records_per_s": run["records_per_s"], "precision": run["precision"]}))
-PY
+python3 bench/score_classify.py --task "AG News (description only)" --gold "$work/test.jsonl" --work "$work" --t0 "$t0" --t1 "$t1"

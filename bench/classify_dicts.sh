@@ -53,26 +53,4 @@ fi
 t1=$(date +%s.%N)
 nice -n 10 "${pin[@]}" "$bin" run classify --model "$work/model" --input "$work/data/heldout.jsonl" \
   --text-field text --id-field id --labels jargon,devil,foldoc --out "$work/run" --batch 16 --precision "${PRECISION:-bf16}" --json > "$work/run.json"
-python3 - "$work" "$t0" "$t1" <<'PY'
-import collections, glob, json, sys
-work, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-gold = {}
-for line in open(f"{work}/data/heldout.jsonl", encoding="utf-8"):
-    r = json.loads(line)
-    gold[r["id"]] = r["label"]
-pred = {}
-for part in sorted(glob.glob(f"{work}/run/part-*.jsonl")):
-    for line in open(part, encoding="utf-8"):
-        r = json.loads(line)
-        pred[r["id"]] = r["label"]
-counts = collections.Counter(gold.values())
-majority = counts.most_common(1)[0][1] / len(gold)
-correct = sum(pred.get(i) == l for i, l in gold.items())
-run = json.load(open(f"{work}/run.json"))
-train = json.load(open(f"{work}/train.json"))
-print(json.dumps({"task": "dict source (jargon/devil/foldoc)", "model": __import__("os").environ.get("MODEL", "small2"), "heldout": len(gold), "classified": len(pred),
-                  "accuracy": correct / len(gold), "majority_baseline": majority,
-                  "train_steps": train["steps"], "train_seconds": round(t1 - t0, 1),
-                  "train_val_loss": train["val_loss"], "run_input_tokens": run["input_tokens"],
-                  "run_tokens_per_s": run["tokens_per_s"], "run_records_per_s": run["records_per_s"], "precision": run["precision"]}))
-PY
+python3 bench/score_classify.py --task "dict source (jargon/devil/foldoc)" --gold "$work/data/heldout.jsonl" --work "$work" --t0 "$t0" --t1 "$t1" --extra "model=${MODEL:-small2}"

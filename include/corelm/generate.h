@@ -63,7 +63,11 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 0;  // every prompt samples from its own Generator(seed): batch-independent
   std::vector<std::string> stop;  // stop strings (cut from the text, like OpenAI's API)
-  bool stop_at_eos = true;        // tokenizer eos_id and config eos_token_id
+  bool stop_at_eos = true;        // tokenizer eos_id, config eos_token_id and every id in eos_ids
+  // More end-of-sequence ids, e.g. all of generation_config.json's eos_token_id list
+  // (model::Checkpoint::eos_ids). Ignored when stop_at_eos is false; ids outside the vocabulary
+  // are a ValueError.
+  std::vector<TokenId> eos_ids;
   bool add_special = true;        // encode prompts with BOS etc. as the tokenizer configures
   // None: a prompt longer than the context is a ValueError. Left: it keeps its last
   // max(1, context - max_new_tokens) tokens.

@@ -75,8 +75,12 @@ class KVCache {
 // Inference numerics. F32: the op-based reference path (fp32 everywhere, the yardstick).
 // BF16: the fast path -- linear weights packed once as bf16 (activations rounded to bf16 inside
 // the matmuls, fp32 accumulation), fp32 residual stream, norms, softmax and KV cache.
-enum class Precision { F32, BF16 };
-const char* precision_name(Precision p);          // "f32" | "bf16"
+// Int8: the same fast path with every linear (q/k/v, o, gate/up, down, LM head) quantized to int8
+// (per-output-row weight scales, per-row dynamic activation scales, int32 accumulation; see
+// kernels/cpu/linear_int8.h). Opt-in only: it changes outputs more than bf16 (docs/KERNELS.md
+// has the measured perplexity delta). Embeddings, norms, softmax and the KV cache stay fp32.
+enum class Precision { F32, BF16, Int8 };
+const char* precision_name(Precision p);          // "f32" | "bf16" | "int8"
 Precision parse_precision(const std::string& s);  // ValueError naming the accepted values
 
 // Which logits forward_cached returns: All [B, T, V]; Last [B, 1, V] (the last position of each
@@ -127,14 +131,14 @@ class Decoder {
   // fast path is prepared (so scoring callers get the same numerics as forward_cached).
   Tensor logits_from_hidden(const Tensor& hidden) const;
 
-  // Selects the inference numerics of forward_cached / logits_from_hidden. BF16 packs every
+  // Selects the inference numerics of forward_cached / logits_from_hidden. BF16 (and Int8) pack every
   // linear weight once (q/k/v fused, gate/up fused, o, down, LM head). The packing is a snapshot:
   // load_parameter() drops it, but parameters changed in place through parameter() or by an
   // optimizer are NOT seen until prepare_inference() is called again. Training (forward,
   // forward_hidden, lm_head) always uses the parameters directly.
   void prepare_inference(Precision p = Precision::BF16);
   void drop_inference();  // back to the reference path, packed weights freed
-  Precision inference_precision() const { return fast_ ? Precision::BF16 : Precision::F32; }
+  Precision inference_precision() const { return fast_ ? fast_precision_ : Precision::F32; }
   bool inference_prepared() const { return prepared_; }
 
  private:
@@ -142,7 +146,8 @@ class Decoder {
   std::vector<std::pair<std::string, Tensor>> params_;
   std::map<std::string, size_t> index_;
   bool prepared_ = false;
-  std::shared_ptr<const FastWeights> fast_;  // set when prepared for BF16
+  std::shared_ptr<const FastWeights> fast_;  // set when prepared for BF16 or Int8
+  Precision fast_precision_ = Precision::BF16;  // what fast_ was packed as
 };
 
 }  // namespace corelm::model

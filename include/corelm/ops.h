@@ -87,4 +87,23 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 // A target outside [0, V) that is not ignore_index -> IndexError.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
+// ---- fused LM head + cross-entropy (src/ops/linear_cross_entropy.cc) ----
+// hidden [N, H] f32, weight [V, H] f32, targets [N] i32/i64: the value of
+// cross_entropy(linear(hidden, weight), targets, ignore_index) without materialising the [N, V]
+// logits (row chunks; see kernels/cpu/lm_head_loss.h). When an input requires grad, the gradients
+// are computed in the same pass and the backward only scales them. Inside a
+// ComputeDTypeScope(BF16) (corelm/autocast.h) hidden and weight are rounded to bf16 first.
+Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                            int64_t ignore_index = -100);
+
+// Sampled softmax: the softmax runs over `candidates` only (i64 [C], strictly increasing, in
+// [0, V), holding every non-ignored target), with logit_c = hidden . weight_c - log_correction_c
+// (log_correction f32 [C]: the log of how often the proposal includes c; all zeros with every class
+// as candidate gives exactly linear_cross_entropy). Mean over non-ignored rows. Gradients reach
+// hidden and the candidate rows of weight (the other rows get zero). A target missing from the
+// candidates -> ValueError.
+Tensor sampled_linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                                    const Tensor& candidates, const Tensor& log_correction,
+                                    int64_t ignore_index = -100);
+
 }  // namespace corelm::ops

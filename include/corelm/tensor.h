@@ -34,6 +34,9 @@ class Tensor {
   Tensor() = default;  // undefined tensor; defined() is false
 
   // --- factories (contiguous, CPU unless a device is given) ---
+  // empty(): UNINITIALIZED memory (recycled by the caching allocator, src/core/allocator.h); the
+  // caller writes every element. Use zeros() when zeros are needed. CORELM_ALLOC_POISON=1 fills
+  // new buffers with NaN bytes so a read of unwritten memory shows in tests.
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor ones(const Shape& shape, DType dtype = DType::F32);

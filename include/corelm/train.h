@@ -151,6 +151,18 @@ struct TrainOptions {
   uint64_t seed = 0;
   bool resume = false;
   bool progress = true;      // progress line on stderr
+  // Training loss (validation always uses the full softmax): "full" (fused LM head +
+  // cross-entropy) or "sampled" (softmax over the batch targets plus `sampled_negatives` ids drawn
+  // per micro-batch from q ∝ max(count, sampled_floor)^sampled_alpha, with the logQ correction;
+  // src/train/sampled_softmax.h). "sampled" needs `unigram_counts` (training-split token counts,
+  // one per vocabulary id).
+  std::string loss = "full";
+  int64_t sampled_negatives = 1024;
+  double sampled_floor = 32;
+  double sampled_alpha = 1.0;
+  std::vector<int64_t> unigram_counts;
+  // Matrix-product precision of the training forward/backward ("f32" | "bf16"; corelm/autocast.h).
+  std::string compute_dtype = "f32";
 };
 
 struct CurvePoint {

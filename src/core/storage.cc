@@ -1,9 +1,8 @@
 #include "corelm/storage.h"
 
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
+#include "core/allocator.h"
 #include "corelm/error.h"
 
 namespace corelm {
@@ -17,19 +16,23 @@ std::string Device::str() const {
   return "?";
 }
 
-std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
+std::shared_ptr<Storage> Storage::allocate_uninitialized(size_t nbytes, Device device) {
   CORELM_CHECK(device.is_cpu(), DeviceError, "cannot allocate on ", device.str(),
                ": this build has only the CPU backend");
   std::shared_ptr<Storage> s(new Storage());
+  const alloc::Block block = alloc::acquire(nbytes);
+  s->data_ = block.data;
+  s->capacity_ = block.capacity;
   s->nbytes_ = nbytes;
   s->device_ = device;
   s->owned_ = true;
-  // Round up to the alignment so aligned_alloc's size contract holds; never allocate 0 bytes.
-  size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (padded == 0) padded = kAlignment;
-  s->data_ = std::aligned_alloc(kAlignment, padded);
-  if (!s->data_) throw Error("out of memory allocating " + std::to_string(nbytes) + " bytes");
-  std::memset(s->data_, 0, padded);
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
+  std::shared_ptr<Storage> s = allocate_uninitialized(nbytes, device);
+  // Zero the padding up to the alignment too, as vector tails may load it.
+  std::memset(s->data_, 0, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
   return s;
 }
 
@@ -45,7 +48,7 @@ std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, std::shared_pt
 }
 
 Storage::~Storage() {
-  if (owned_) std::free(data_);
+  if (owned_) alloc::release(alloc::Block{data_, capacity_});
 }
 
 }  // namespace corelm

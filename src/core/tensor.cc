@@ -62,14 +62,23 @@ void check_shape(const Shape& shape) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   check_shape(shape);
   auto impl = std::make_shared<Impl>();
-  impl->storage = Storage::allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->storage =
+      Storage::allocate_uninitialized(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return empty(shape, dtype, device); }
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape);
+  auto impl = std::make_shared<Impl>();
+  impl->storage = Storage::allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
 
 Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
 

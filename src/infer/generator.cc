@@ -44,6 +44,11 @@ class Session {
     if (opt_.stop_at_eos) {
       if (tok_.eos_id()) eos_.push_back(*tok_.eos_id());
       if (config.eos_token_id >= 0) eos_.push_back(static_cast<TokenId>(config.eos_token_id));
+      for (TokenId id : opt_.eos_ids) {
+        CORELM_CHECK(id >= 0 && id < vocab_, ValueError, "generate: eos id ", id, " is outside the model's vocabulary of ",
+                     vocab_, " tokens");
+        eos_.push_back(id);
+      }
     }
   }
 

@@ -275,23 +275,58 @@ std::vector<int64_t> Llama2cTokenizer::encode(const std::string& text, bool bos,
     }
     cp.clear();
   }
-  // Greedy merges: the adjacent pair whose concatenation scores best (first such pair on ties).
-  while (true) {
-    float best_score = -1e10f;
-    int64_t best_id = -1;
-    size_t best_idx = 0;
-    for (size_t i = 0; i + 1 < ids.size(); ++i) {
-      const int64_t id = lookup(pieces_[ids[i]] + pieces_[ids[i + 1]]);
-      if (id >= 0 && scores_[id] > best_score) {
-        best_score = scores_[id];
-        best_id = id;
-        best_idx = i;
-      }
-    }
-    if (best_id < 0) break;
-    ids[best_idx] = best_id;
-    ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
+  // Greedy merges: the adjacent pair whose concatenation scores best (first such pair on ties),
+  // as run.c does. run.c rescans every pair per merge (quadratic in the text); here a heap of
+  // candidate pairs over a linked list gives the same merges in O(n log n). Merging never reorders
+  // the surviving symbols, so "first" is the smallest original index of the left symbol; an entry
+  // is stale once either side has changed since it was pushed.
+  const size_t n = ids.size();
+  std::vector<size_t> next(n), prev(n);
+  std::vector<uint32_t> version(n, 0);
+  std::vector<bool> alive(n, true);
+  for (size_t i = 0; i < n; ++i) {
+    next[i] = i + 1;
+    prev[i] = i - 1;  // wraps for i == 0; never read
   }
+  struct Candidate {
+    float score;
+    size_t left, right;
+    uint32_t left_version, right_version;
+    int64_t merged;
+  };
+  auto worse = [](const Candidate& a, const Candidate& b) {
+    return a.score != b.score ? a.score < b.score : a.left > b.left;
+  };
+  std::vector<Candidate> heap;
+  auto push = [&](size_t left) {
+    if (left >= n || next[left] >= n) return;
+    const size_t right = next[left];
+    const int64_t id = lookup(pieces_[ids[left]] + pieces_[ids[right]]);
+    if (id < 0) return;
+    heap.push_back({scores_[id], left, right, version[left], version[right], id});
+    std::push_heap(heap.begin(), heap.end(), worse);
+  };
+  for (size_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), worse);
+    const Candidate c = heap.back();
+    heap.pop_back();
+    if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || version[c.left] != c.left_version ||
+        version[c.right] != c.right_version)
+      continue;
+    ids[c.left] = c.merged;
+    ++version[c.left];
+    alive[c.right] = false;
+    next[c.left] = next[c.right];
+    if (next[c.left] < n) prev[next[c.left]] = c.left;
+    if (c.left != 0) push(prev[c.left]);  // symbol 0 is never a right side, so it is never removed
+    push(c.left);
+  }
+  std::vector<int64_t> merged;
+  merged.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    if (alive[i]) merged.push_back(ids[i]);
+  ids = std::move(merged);
   if (eos) ids.push_back(kEos);
   return ids;
 }

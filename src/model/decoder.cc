@@ -100,17 +100,26 @@ Tensor& Decoder::parameter(const std::string& name) {
 
 bool Decoder::has_parameter(const std::string& name) const { return index_.count(name) != 0; }
 
-const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "f32"; }
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::BF16: return "bf16";
+    case Precision::Int8: return "int8";
+    case Precision::F32: break;
+  }
+  return "f32";
+}
 
 Precision parse_precision(const std::string& s) {
   if (s == "f32") return Precision::F32;
   if (s == "bf16") return Precision::BF16;
-  throw ValueError("unknown precision '" + s + "' (use f32 or bf16)");
+  if (s == "int8") return Precision::Int8;
+  throw ValueError("unknown precision '" + s + "' (use f32, bf16 or int8)");
 }
 
 void Decoder::prepare_inference(Precision p) {
   fast_.reset();  // free the old packing before building a new one
-  if (p == Precision::BF16) fast_ = std::make_shared<const FastWeights>(pack_fast_weights(*this));
+  if (p != Precision::F32) fast_ = std::make_shared<const FastWeights>(pack_fast_weights(*this, p));
+  fast_precision_ = p;
   prepared_ = true;
 }
 

@@ -2,8 +2,9 @@
 // k/v written into the cache -> online-softmax attention against each row's cache -> o linear ->
 // residual -> RMSNorm -> one gate+up linear -> SwiGLU -> down -> residual. Buffers come from a
 // per-thread workspace that only grows, so steady-state decoding allocates nothing but the
-// returned tensor. Every step is row-local or reduces in a fixed order (and the bf16 linears are
-// batch invariant), so a row's outputs never depend on the rest of the batch or the threads.
+// returned tensor. Every step is row-local or reduces in a fixed order (and the bf16 and int8
+// linears are batch invariant), so a row's outputs never depend on the rest of the batch or the
+// threads.
 #include "model/fast_forward.h"
 
 #include <algorithm>
@@ -36,7 +37,8 @@ std::vector<float> copy_of(const Decoder& d, const std::string& name, int64_t n)
 }
 
 // Packs the row-concatenation of several [rows_i, k] weights (and their biases, if any) as one linear.
-kernels::PackedLinear pack_rows(const Decoder& d, const std::vector<std::string>& names, int64_t k) {
+// Int8 scales are per output row, so fusing rows changes no scale.
+FastLinear pack_rows(const Decoder& d, const std::vector<std::string>& names, int64_t k, Precision precision) {
   std::vector<float> w, bias;
   bool any_bias = false;
   for (const auto& name : names) any_bias |= d.has_parameter(name + ".bias");
@@ -52,8 +54,14 @@ kernels::PackedLinear pack_rows(const Decoder& d, const std::vector<std::string>
     }
   }
   const int64_t n = static_cast<int64_t>(w.size()) / k;
-  return kernels::pack_linear_bf16(w.data(), n, k, k, any_bias ? bias.data() : nullptr,
-                                   kernels::preferred_linear_bf16_kernel());
+  FastLinear out;
+  out.int8 = precision == Precision::Int8;
+  if (out.int8)
+    out.i8 = kernels::pack_linear_int8(w.data(), n, k, k, any_bias ? bias.data() : nullptr);
+  else
+    out.bf16 = kernels::pack_linear_bf16(w.data(), n, k, k, any_bias ? bias.data() : nullptr,
+                                         kernels::preferred_linear_bf16_kernel());
+  return out;
 }
 
 // Reused buffers; sized up on demand, never shrunk.
@@ -71,7 +79,9 @@ void add_inplace(float* x, const float* y, int64_t n) {
 
 }  // namespace
 
-FastWeights pack_fast_weights(const Decoder& d) {
+FastWeights pack_fast_weights(const Decoder& d, Precision precision) {
+  CORELM_CHECK(precision == Precision::BF16 || precision == Precision::Int8, ValueError,
+               "pack_fast_weights: the fast path packs bf16 or int8, not ", precision_name(precision));
   const ModelConfig& c = d.config();
   const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim();
   FastWeights w;
@@ -80,14 +90,14 @@ FastWeights pack_fast_weights(const Decoder& d) {
     FastLayer layer;
     layer.in_norm = copy_of(d, p + "input_layernorm.weight", H);
     layer.post_norm = copy_of(d, p + "post_attention_layernorm.weight", H);
-    layer.qkv = pack_rows(d, {p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"}, H);
-    layer.o = pack_rows(d, {p + "self_attn.o_proj"}, Q);
-    layer.gate_up = pack_rows(d, {p + "mlp.gate_proj", p + "mlp.up_proj"}, H);
-    layer.down = pack_rows(d, {p + "mlp.down_proj"}, I);
+    layer.qkv = pack_rows(d, {p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"}, H, precision);
+    layer.o = pack_rows(d, {p + "self_attn.o_proj"}, Q, precision);
+    layer.gate_up = pack_rows(d, {p + "mlp.gate_proj", p + "mlp.up_proj"}, H, precision);
+    layer.down = pack_rows(d, {p + "mlp.down_proj"}, I, precision);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = copy_of(d, "model.norm.weight", H);
-  w.lm_head = pack_rows(d, {c.tie_word_embeddings ? "model.embed_tokens" : "lm_head"}, H);
+  w.lm_head = pack_rows(d, {c.tie_word_embeddings ? "model.embed_tokens" : "lm_head"}, H, precision);
   w.embed = tensor_of(d, "model.embed_tokens.weight");
   // Caches may be longer than max_position_embeddings (the reference path allows it too).
   w.rope = kernels::RopeTable(c.head_dim, std::max<int64_t>(c.max_position_embeddings, 8192),
@@ -96,7 +106,7 @@ FastWeights pack_fast_weights(const Decoder& d) {
 }
 
 void fast_lm_head(const FastWeights& w, const float* hidden, int64_t n, float* logits) {
-  kernels::linear_bf16(hidden, n, w.lm_head.k, w.lm_head, logits, w.lm_head.n);
+  w.lm_head.run(hidden, n, w.lm_head.k(), logits, w.lm_head.n());
 }
 
 Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Tensor& ids, KVCache& cache,
@@ -130,7 +140,7 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
     float* kc = cache.k(l).data<float>();
     float* vc = cache.v(l).data<float>();
     kernels::fused_rms_norm(x, H, L.in_norm.data(), h, H, N, H, eps);
-    kernels::linear_bf16(h, N, H, L.qkv, qkv, QKV);
+    L.qkv.run(h, N, H, qkv, QKV);
     for (int64_t i = 0; i < N; ++i) {
       const int64_t b = i / T, pos = start[static_cast<size_t>(b)] + i % T;
       float* row = qkv + i * QKV;
@@ -155,8 +165,9 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
       n = B;
       t_kept = 1;
     }
-    // One work item per (token, query head); each writes only its own output slice.
-    parallel_for(n * Hq, 4, [&](int64_t begin, int64_t end) {
+    // One work item per (token, query head); each writes only its own output slice. Few items
+    // (decoding one row) go one per chunk so a second thread still gets heads to do.
+    parallel_for(n * Hq, n * Hq >= 64 ? 4 : 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t i = item / Hq, head = item % Hq, b = i / t_kept;
         const int64_t r = rows[static_cast<size_t>(b)];
@@ -166,12 +177,12 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
                                       head, pos, shape);
       }
     });
-    kernels::linear_bf16(attn, n, Q, L.o, tmp, H);
+    L.o.run(attn, n, Q, tmp, H);
     add_inplace(x, tmp, n * H);
     kernels::fused_rms_norm(x, H, L.post_norm.data(), h, H, n, H, eps);
-    kernels::linear_bf16(h, n, H, L.gate_up, gu, 2 * I);
+    L.gate_up.run(h, n, H, gu, 2 * I);
     kernels::fused_swiglu(gu, 2 * I, m, I, n, I);
-    kernels::linear_bf16(m, n, I, L.down, tmp, H);
+    L.down.run(m, n, I, tmp, H);
     add_inplace(x, tmp, n * H);
   }
 

@@ -1,5 +1,5 @@
-// The fast inference path of Decoder::forward_cached: weights packed once (bf16, q/k/v and
-// gate/up fused), then a forward over raw fp32 buffers in a reusable per-thread workspace with
+// The fast inference path of Decoder::forward_cached: weights packed once (bf16 or int8, q/k/v
+// and gate/up fused), then a forward over raw fp32 buffers in a reusable per-thread workspace with
 // the fused kernels of kernels/cpu/fused.h. Internal to the model component.
 #pragma once
 #include <cstdint>
@@ -8,26 +8,44 @@
 #include "corelm/model.h"
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/linear_int8.h"
 
 namespace corelm::model {
 
+// One packed linear: bf16 (Precision::BF16) or int8 (Precision::Int8); the other member is empty.
+struct FastLinear {
+  bool int8 = false;
+  kernels::PackedLinear bf16;
+  kernels::PackedLinearI8 i8;
+  int64_t n() const { return int8 ? i8.n : bf16.n; }
+  int64_t k() const { return int8 ? i8.k : bf16.k; }
+  // Y[m, n] = X[m, k] W^T (+ bias) with the kernel of the packed precision.
+  void run(const float* X, int64_t m, int64_t ldx, float* Y, int64_t ldy) const {
+    if (int8)
+      kernels::linear_int8(X, m, ldx, i8, Y, ldy);
+    else
+      kernels::linear_bf16(X, m, ldx, bf16, Y, ldy);
+  }
+};
+
 struct FastLayer {
   std::vector<float> in_norm, post_norm;
-  kernels::PackedLinear qkv;      // [Q + 2 KV, H]: q rows, then k, then v (biases fused too)
-  kernels::PackedLinear o;        // [H, Q]
-  kernels::PackedLinear gate_up;  // [2 I, H]: gate rows, then up rows
-  kernels::PackedLinear down;     // [H, I]
+  FastLinear qkv;      // [Q + 2 KV, H]: q rows, then k, then v (biases fused too)
+  FastLinear o;        // [H, Q]
+  FastLinear gate_up;  // [2 I, H]: gate rows, then up rows
+  FastLinear down;     // [H, I]
 };
 
 struct FastWeights {
   std::vector<FastLayer> layers;
   std::vector<float> final_norm;
-  kernels::PackedLinear lm_head;  // [V, H]
+  FastLinear lm_head;             // [V, H]
   Tensor embed;                   // the fp32 embedding parameter (shared, not copied)
   kernels::RopeTable rope;
 };
 
-FastWeights pack_fast_weights(const Decoder& decoder);
+// Packs for `precision` (BF16 or Int8; ValueError for F32, which has no fast path).
+FastWeights pack_fast_weights(const Decoder& decoder, Precision precision = Precision::BF16);
 
 // Runs the forward for ids [B, T] (already validated by the caller) appended at `start[b]` of
 // cache row rows[b]; does not touch the cache lengths.

@@ -2,7 +2,20 @@
 // Each batch item is one call of the GEMM kernel; batch dims of an operand that is broadcast
 // get stride 0, so it is never copied. When b has no batch dims the batch of a is folded into
 // the rows of a single GEMM.
+//
+// Under ComputeDTypeScope(BF16) (corelm/autocast.h) both operands of every product -- forward and
+// the two backward products, which use the setting captured at forward time -- are rounded to bf16
+// (nearest-even) and multiplied with fp32 accumulation; outputs and gradients stay fp32. The
+// rounded operands go through gemm_f32 (products of bf16 values are exact in fp32, so this is the
+// bf16 contract). Packing the weight per call for kernels::linear_bf16 instead measured no faster
+// for training on the Intel development core (docs/TRAINING.md, "bf16 compute");
+// CORELM_AUTOCAST_LINEAR=packed selects it for the forward X.W^T to re-measure elsewhere.
+#include <cstdlib>
+#include <cstring>
+
+#include "corelm/autocast.h"
 #include "corelm/autograd.h"
+#include "corelm/dtype.h"
 #include "corelm/ops.h"
 #include "kernels/cpu/gemm.h"
 #include "ops/op_checks.h"
@@ -22,7 +35,25 @@ Strides batch_strides(const Tensor& x, const Shape& batch) {
   return s;
 }
 
-Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+// A contiguous copy of x with every value rounded to bf16 (kept in fp32 storage).
+Tensor rounded_to_bf16(const Tensor& x) {
+  const Tensor c = x.contiguous();
+  Tensor r = Tensor::empty(c.shape());
+  const float* src = c.data<float>();
+  float* dst = r.data<float>();
+  for (int64_t i = 0, n = c.numel(); i < n; ++i) dst[i] = bf16_to_float(float_to_bf16(src[i]));
+  return r;
+}
+
+bool packed_linear_forward() {
+  static const bool packed = [] {
+    const char* v = std::getenv("CORELM_AUTOCAST_LINEAR");
+    return v && std::strcmp(v, "packed") == 0;
+  }();
+  return packed;
+}
+
+Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, ComputeDType cd) {
   detail::check_f32("matmul", a, "a");
   detail::check_f32("matmul", b, "b");
   CORELM_CHECK(a.dim() >= 2 && b.dim() >= 2, ShapeError,
@@ -44,7 +75,17 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   out_shape.push_back(M);
   out_shape.push_back(N);
   Tensor out = Tensor::empty(out_shape);
-  const Tensor ac = a.contiguous(), bc = b.contiguous();
+  const bool bf16 = cd == ComputeDType::BF16;
+  if (bf16 && packed_linear_forward() && b.dim() == 2 && !ta && tb) {
+    // X.W^T for a linear layer: bf16 kernel on a weight packed for this call.
+    const Tensor ac = a.contiguous(), bc = b.contiguous();
+    const kernels::PackedLinear w = kern::pack_linear_bf16(bc.data<float>(), N, K, K, nullptr,
+                                                           kern::preferred_linear_bf16_kernel());
+    kern::linear_bf16(ac.data<float>(), shape_numel(batch) * M, K, w, out.data<float>(), N);
+    return out;
+  }
+  const Tensor ac = bf16 ? rounded_to_bf16(a) : a.contiguous();
+  const Tensor bc = bf16 ? rounded_to_bf16(b) : b.contiguous();
   const float* pa = ac.data<float>();
   const float* pb = bc.data<float>();
   float* pc = out.data<float>();
@@ -73,13 +114,16 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
-  Tensor out = matmul_forward(a, b, transpose_a, transpose_b);
+  const ComputeDType cd = compute_dtype();
+  Tensor out = matmul_forward(a, b, transpose_a, transpose_b, cd);
   if (autograd::needs_grad({a, b})) {
     const bool need_a = autograd::needs_grad({a}), need_b = autograd::needs_grad({b});
     autograd::record(
         out, "matmul", {a, b},
-        [a = a.detach(), b = b.detach(), ta = transpose_a, tb = transpose_b, need_a,
-         need_b](const Tensor& g) {
+        [a = a.detach(), b = b.detach(), ta = transpose_a, tb = transpose_b, need_a, need_b,
+         cd](const Tensor& g) {
+          // The backward products use the forward's compute dtype, whatever scope backward runs in.
+          ComputeDTypeScope scope(cd);
           // With C = op(A) op(B): d op(A) = dC op(B)^T and d op(B) = op(A)^T dC; a transposed
           // operand takes the transpose of that, written as one matmul with swapped flags.
           Tensor ga, gb;

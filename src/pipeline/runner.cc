@@ -42,7 +42,7 @@ model::LoadedModel load_model(const std::string& path, const std::string& precis
   model::Checkpoint ck = model::load_model(path);
   model::LoadedModel m = std::move(ck.model);
   CORELM_CHECK(m.tokenizer != nullptr, ValueError, "corelm run: ", path, " carries no tokenizer");
-  if (p == model::Precision::BF16) m.decoder.prepare_inference(p);
+  if (p != model::Precision::F32) m.decoder.prepare_inference(p);
   return m;
 }
 

@@ -1,7 +1,9 @@
 // The training loop: micro-batches -> forward -> cross-entropy -> backward (accumulated) ->
 // global-norm clipping -> AdamW at the scheduled learning rate -> log, evaluate, checkpoint.
-// Nothing in the loop draws randomness except the batch source, whose state is checkpointed, so
-// a resumed run repeats the uninterrupted one bit for bit.
+// Nothing in the loop draws randomness except the batch source, whose state is checkpointed, and
+// the sampled-softmax negatives, a pure function of (seed, step, micro-batch), so a resumed run
+// repeats the uninterrupted one bit for bit. The loss is the fused LM head + cross-entropy
+// (ops::linear_cross_entropy: no [B*T, V] logits) or its sampled-softmax variant.
 #include <unistd.h>
 
 #include <chrono>
@@ -10,14 +12,18 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "corelm/autocast.h"
 #include "corelm/autograd.h"
 #include "corelm/error.h"
 #include "corelm/ops.h"
 #include "corelm/optim.h"
 #include "corelm/train.h"
+#include "kernels/cpu/vec_fast.h"
+#include "train/sampled_softmax.h"
 
 namespace corelm::train {
 namespace fs = std::filesystem;
@@ -39,11 +45,40 @@ std::string format_duration(double s) {
   return buf;
 }
 
-// Mean loss of one batch, scaled; the backward of the returned tensor accumulates into .grad().
-Tensor batch_loss(const model::Decoder& model, const Batch& b) {
-  Tensor logits = model.forward(b.ids);
-  const int64_t n = b.ids.numel(), vocab = logits.size(-1);
-  return ops::cross_entropy(ops::reshape(logits, {n, vocab}), b.targets.reshape({n}));
+// The LM head's weight: lm_head.weight, or the token embedding when the two are tied.
+const Tensor& head_weight(const model::Decoder& model) {
+  const std::string name = model.config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  for (const auto& [n, t] : model.named_parameters())
+    if (n == name) return t;
+  throw ValueError(::corelm::detail::concat("train: the model has no parameter ", name));
+}
+
+// Where a micro-batch's sampled negatives come from (the draw is a function of seed/step/micro).
+struct SampledDraw {
+  const UnigramProposal* proposal = nullptr;
+  int64_t negatives = 0;
+  uint64_t seed = 0;
+  int64_t step = 0, micro_batch = 0;
+};
+
+// Mean loss of one batch; the backward of the returned tensor accumulates into .grad(). Full
+// softmax unless `sampled` is given.
+Tensor batch_loss(const model::Decoder& model, const Batch& b, const SampledDraw* sampled = nullptr) {
+  const int64_t n = b.ids.numel();
+  const Tensor targets = b.targets.reshape({n});
+  if (!sampled && model.inference_prepared() && !autograd::grad_mode_enabled()) {
+    // Evaluation of a model packed for inference (corelm eval --precision bf16): score with the
+    // packed head the fast forward uses, so the figure matches the model as it will be run.
+    Tensor logits = model.forward(b.ids);
+    return ops::cross_entropy(ops::reshape(logits, {n, logits.size(-1)}), targets);
+  }
+  Tensor hidden = model.forward_hidden(b.ids);
+  hidden = ops::reshape(hidden, {n, hidden.size(-1)});
+  const Tensor& weight = head_weight(model);
+  if (!sampled) return ops::linear_cross_entropy(hidden, weight, targets);
+  const CandidateSet c = draw_candidates(*sampled->proposal, sampled->negatives, targets, sampled->seed,
+                                         sampled->step, sampled->micro_batch);
+  return ops::sampled_linear_cross_entropy(hidden, weight, targets, c.candidates, c.log_correction);
 }
 
 double global_grad_norm(const std::vector<Tensor>& params) {
@@ -52,8 +87,8 @@ double global_grad_norm(const std::vector<Tensor>& params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     g = g.contiguous();
-    const float* d = g.data<float>();
-    for (int64_t i = 0, n = g.numel(); i < n; ++i) sumsq += static_cast<double>(d[i]) * d[i];
+    // Vectorised, double accumulation in a fixed order (kernels/cpu/vec_fast.h).
+    sumsq += kernels::fast::dot(g.data<float>(), g.data<float>(), g.numel());
   }
   return std::sqrt(sumsq);
 }
@@ -65,10 +100,10 @@ void clip_gradients(const std::vector<Tensor>& params, double norm, float max_no
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    Tensor c = g.clone();
-    float* d = c.data<float>();
-    for (int64_t i = 0, n = c.numel(); i < n; ++i) d[i] *= coef;
-    Tensor(p).set_grad(c);
+    // In place: leaf gradients never share memory (autograd clones on first accumulation).
+    CORELM_CHECK(g.is_contiguous() && g.dtype() == DType::F32, ValueError, "clip_gradients: unexpected gradient layout");
+    float* d = g.data<float>();
+    for (int64_t i = 0, n = g.numel(); i < n; ++i) d[i] *= coef;
   }
 }
 
@@ -152,6 +187,19 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
                "train: batch, seq and grad-accum must be positive");
   CORELM_CHECK(opt.seq <= model.config().max_position_embeddings, ValueError, "train: --seq ", opt.seq,
                " exceeds the model context (max_position_embeddings = ", model.config().max_position_embeddings, ")");
+  CORELM_CHECK(opt.loss == "full" || opt.loss == "sampled", ValueError, "train: unknown loss '", opt.loss,
+               "' (expected full or sampled)");
+  const ops::ComputeDType compute = ops::parse_compute_dtype(opt.compute_dtype);
+  std::unique_ptr<UnigramProposal> proposal;
+  if (opt.loss == "sampled") {
+    CORELM_CHECK(static_cast<int64_t>(opt.unigram_counts.size()) == model.config().vocab_size, ValueError,
+                 "train: the sampled loss needs one token count per vocabulary id (", model.config().vocab_size,
+                 "), got ", opt.unigram_counts.size());
+    CORELM_CHECK(opt.sampled_negatives >= 1 && opt.sampled_negatives <= model.config().vocab_size, ValueError,
+                 "train: --negatives must be in [1, ", model.config().vocab_size, "] (the vocabulary size), got ",
+                 opt.sampled_negatives);
+    proposal = std::make_unique<UnigramProposal>(opt.unigram_counts, opt.sampled_floor, opt.sampled_alpha);
+  }
   fs::create_directories(opt.out_dir);
 
   model.set_requires_grad(true);
@@ -166,6 +214,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
 
   TrainResult result;
   int64_t step = 0, tokens_seen = 0;
+  uint64_t draw_seed = opt.seed;  // the sampled negatives' seed: the checkpoint's on resume
   const std::string log_path = (fs::path(opt.out_dir) / "train_log.jsonl").string();
   if (opt.resume && has_checkpoint(opt.out_dir)) {
     std::vector<Tensor> m = adam.exp_avg(), v = adam.exp_avg_sq();
@@ -175,6 +224,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     data.set_drawn(st.rows_drawn);
     step = st.step;
     tokens_seen = st.tokens_seen;
+    draw_seed = st.seed;
     truncate_log(log_path, step);
     if (opt.progress) std::fprintf(stderr, "resuming %s at step %lld\n", opt.out_dir.c_str(), static_cast<long long>(step));
   } else {
@@ -190,7 +240,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     st.tokens_seen = tokens_seen;
     st.rows_drawn = data.drawn();
     st.sampler = data.state();
-    st.seed = opt.seed;
+    st.seed = draw_seed;
     st.schedule = schedule_name(sched.kind);
     st.lr = adam.lr();
     save_checkpoint(opt.out_dir, model, adam.exp_avg(), adam.exp_avg_sq(), st, tokenizer_json);
@@ -240,7 +290,9 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     int64_t step_tokens = 0;
     for (int64_t a = 0; a < opt.grad_accum; ++a) {
       Batch b = data.next(opt.batch, opt.seq);
-      Tensor loss = batch_loss(model, b);
+      ops::ComputeDTypeScope precision(compute);
+      SampledDraw draw{proposal.get(), opt.sampled_negatives, draw_seed, step, a};
+      Tensor loss = batch_loss(model, b, proposal ? &draw : nullptr);
       if (opt.grad_accum > 1) loss = ops::scale(loss, 1.0f / static_cast<float>(opt.grad_accum));
       loss.backward();
       loss_value += loss.item();

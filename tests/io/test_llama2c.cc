@@ -194,5 +194,84 @@ TEST(Llama2cRealFiles, GgufVocabEncodesLikeTokenizerBin) {
   EXPECT_THROW(Llama2cTokenizer::from_gguf_pieces(pieces, scores, "bad.gguf"), FormatError);
 }
 
+// run.c's encoder as written there: rescans every adjacent pair for each merge (quadratic). The
+// library encodes with a heap instead; both must produce the same ids on real vocabularies.
+std::vector<int64_t> quadratic_run_c_encode(const Llama2cTokenizer& tok, const std::string& text) {
+  std::map<std::string, int64_t> index;
+  for (int64_t id = tok.vocab_size() - 1; id >= 0; --id) index[tok.piece(id)] = id;  // first id wins
+  auto lookup = [&](const std::string& s) -> int64_t {
+    auto it = index.find(s);
+    return it == index.end() ? -1 : it->second;
+  };
+  std::vector<int64_t> ids;
+  if (!text.empty()) ids.push_back(lookup(" "));
+  std::string cp;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c & 0xC0) != 0x80) cp.clear();
+    cp.push_back(static_cast<char>(c));
+    if (i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80 && cp.size() < 4) continue;
+    const int64_t id = lookup(cp);
+    if (id >= 0) ids.push_back(id);
+    else
+      for (unsigned char b : cp) ids.push_back(static_cast<int64_t>(b) + 3);
+    cp.clear();
+  }
+  while (true) {
+    float best = -1e10f;
+    int64_t best_id = -1;
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      const int64_t id = lookup(tok.piece(ids[i]) + tok.piece(ids[i + 1]));
+      if (id >= 0 && tok.score(id) > best) {
+        best = tok.score(id);
+        best_id = id;
+        at = i;
+      }
+    }
+    if (best_id < 0) break;
+    ids[at] = best_id;
+    ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  }
+  return ids;
+}
+
+TEST(Llama2cRealFiles, HeapMergesEqualRunCQuadraticMerges) {
+  const fs::path data = fs::path(CORELM_SOURCE_DIR) / ".." / "shared" / "data";
+  const fs::path llama2 = data / "tokenizers" / "llama2" / "tokenizer.bin";
+  const fs::path tok512 = data / "models" / "stories260K" / "tok512.bin";
+  const fs::path stories = data / "corpus" / "tinystories_valid_head.txt";
+  const fs::path inputs = data / "tokenizers" / "llama.cpp-vocab-tests" / "ggml-vocab-llama-spm.gguf.inp";
+  if (!fs::exists(llama2) || !fs::exists(tok512) || !fs::exists(stories) || !fs::exists(inputs))
+    GTEST_SKIP() << "shared data set absent (" << data.string() << ")";
+  std::vector<std::string> texts;
+  {
+    std::ifstream in(inputs, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // The .inp file separates its test strings with lines of "__ggml_vocab_test__" (CRLF line
+    // ends); exact boundaries do not matter for a differential test.
+    const std::string sep = "__ggml_vocab_test__";
+    for (size_t at = 0; at < all.size();) {
+      size_t end = all.find(sep, at);
+      if (end == std::string::npos) end = all.size();
+      texts.push_back(all.substr(at, end - at));
+      at = end + sep.size();
+    }
+    std::ifstream s(stories, std::ios::binary);
+    std::string story(3000, '\0');
+    s.read(story.data(), static_cast<std::streamsize>(story.size()));
+    story.resize(static_cast<size_t>(s.gcount()));
+    texts.push_back(story);  // long enough that merge order across the whole text matters
+  }
+  ASSERT_GT(texts.size(), 10u);
+  for (const fs::path& vocab : {llama2, tok512}) {
+    const auto tok = Llama2cTokenizer::load(vocab.string());
+    for (const std::string& text : texts) {
+      auto ids = tok.encode(text, false, false);
+      EXPECT_EQ(ids, quadratic_run_c_encode(tok, text)) << vocab.filename() << ": " << text.substr(0, 40);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace corelm::io

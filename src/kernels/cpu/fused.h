@@ -1,6 +1,6 @@
 // Fused inference kernels (RMSNorm, RoPE in place, SwiGLU, attention against a KV cache) on raw
 // fp32 buffers. Each entry point picks the kernel for active_isa(): the scalar reference in
-// reference/fused.h is the contract, the AVX-512 kernels must agree with it within float
+// reference/fused.h is the contract, the AVX2 and AVX-512 kernels must agree with it within float
 // rounding. Every kernel works row by row with a fixed reduction order, so a row's result never
 // depends on the other rows, on how many rows there are, or on the thread count.
 #pragma once

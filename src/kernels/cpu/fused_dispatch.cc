@@ -1,9 +1,11 @@
-// Picks the fused kernel for active_isa(): AVX-512 from Isa::Avx512 up, else the reference.
+// Picks the fused kernel for active_isa(): AVX-512 from Isa::Avx512 up, AVX2 at Isa::Avx2, else
+// the reference.
 #include <cmath>
 
 #include "corelm/error.h"
 #include "corelm/isa.h"
 #include "corelm/thread_pool.h"
+#include "kernels/cpu/avx2/fused.h"
 #include "kernels/cpu/avx512/fused.h"
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/reference/fused.h"
@@ -11,6 +13,7 @@
 namespace corelm::kernels {
 namespace {
 bool use_avx512() { return active_isa() >= Isa::Avx512; }
+bool use_avx2() { return active_isa() == Isa::Avx2; }
 }  // namespace
 
 RopeTable::RopeTable(int64_t d, int64_t max_positions_, float theta)
@@ -34,6 +37,7 @@ RopeTable::RopeTable(int64_t d, int64_t max_positions_, float theta)
 void fused_rms_norm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int64_t rows,
                     int64_t d, float eps) {
   if (use_avx512()) return avx512::fused_rms_norm(x, ldx, weight, y, ldy, rows, d, eps);
+  if (use_avx2()) return avx2::fused_rms_norm(x, ldx, weight, y, ldy, rows, d, eps);
   reference::fused_rms_norm(x, ldx, weight, y, ldy, rows, d, eps);
 }
 
@@ -41,17 +45,20 @@ void fused_rope_inplace(float* x, int64_t heads, const RopeTable& table, int64_t
   CORELM_CHECK(pos >= 0 && pos < table.max_positions, ValueError, "rope: position ", pos, " outside the table of ",
                table.max_positions, " positions");
   if (use_avx512()) return avx512::fused_rope_inplace(x, heads, table, pos);
+  if (use_avx2()) return avx2::fused_rope_inplace(x, heads, table, pos);
   reference::fused_rope_inplace(x, heads, table, pos);
 }
 
 void fused_swiglu(const float* gu, int64_t ldgu, float* y, int64_t ldy, int64_t rows, int64_t n) {
   if (use_avx512()) return avx512::fused_swiglu(gu, ldgu, y, ldy, rows, n);
+  if (use_avx2()) return avx2::fused_swiglu(gu, ldgu, y, ldy, rows, n);
   reference::fused_swiglu(gu, ldgu, y, ldy, rows, n);
 }
 
 void fused_attention_head(const float* q, const float* k_cache, const float* v_cache, float* out, int64_t head,
                           int64_t pos, const CachedAttention& shape) {
   if (use_avx512() && avx512::fused_attention_head(q, k_cache, v_cache, out, head, pos, shape)) return;
+  if (use_avx2() && avx2::fused_attention_head(q, k_cache, v_cache, out, head, pos, shape)) return;
   reference::fused_attention_head(q, k_cache, v_cache, out, head, pos, shape);
 }
 

@@ -54,4 +54,25 @@ void cross_entropy_backward(const float* logits, const double* lse, const int64_
   });
 }
 
+void cross_entropy_forward_grad_inplace(float* z, const int64_t* targets, int64_t n, int64_t v, int64_t ignore_index,
+                                        float grad_scale, float* row_loss) {
+  parallel_for(n, row_grain(v), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* row = z + i * v;
+      if (targets[i] == ignore_index) {
+        row_loss[i] = 0.0f;
+        std::fill(row, row + v, 0.0f);
+        continue;
+      }
+      const float target_logit = row[targets[i]];  // read before the row is overwritten
+      const float m = row_max(row, v);
+      const double total = exp_shift_sum(row, row, v, m);
+      const double log_sum_exp = double(m) + std::log(total);
+      row_loss[i] = static_cast<float>(log_sum_exp - target_logit);
+      scale_inplace(row, v, static_cast<float>(grad_scale / total));
+      row[targets[i]] = static_cast<float>(grad_scale * std::expm1(double(target_logit) - log_sum_exp));
+    }
+  });
+}
+
 }  // namespace corelm::kernels::fast

@@ -16,4 +16,10 @@ void cross_entropy_forward(const float* logits, const int64_t* targets, int64_t 
 void cross_entropy_backward(const float* logits, const double* lse, const int64_t* targets, int64_t n, int64_t v,
                             int64_t ignore_index, float grad_scale, float* grad_logits);
 
+// Both at once, in place (the fused LM-head loss, lm_head_loss.h): row_loss as above, and each row
+// of z becomes grad_scale * (softmax(z_i) - onehot(target_i)) (zeros for an ignored row). One
+// max pass, one exp pass that writes the exps over the row and one scaling pass per row.
+void cross_entropy_forward_grad_inplace(float* z, const int64_t* targets, int64_t n, int64_t v, int64_t ignore_index,
+                                        float grad_scale, float* row_loss);
+
 }  // namespace corelm::kernels::fast

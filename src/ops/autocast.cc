@@ -1,0 +1,29 @@
+#include "corelm/autocast.h"
+
+#include "corelm/error.h"
+
+namespace corelm::ops {
+namespace {
+thread_local ComputeDType current = ComputeDType::F32;
+}  // namespace
+
+const char* compute_dtype_name(ComputeDType d) {
+  switch (d) {
+    case ComputeDType::F32: return "f32";
+    case ComputeDType::BF16: return "bf16";
+  }
+  return "?";
+}
+
+ComputeDType parse_compute_dtype(const std::string& name) {
+  if (name == "f32") return ComputeDType::F32;
+  if (name == "bf16") return ComputeDType::BF16;
+  throw ValueError("unknown compute dtype '" + name + "' (expected f32 or bf16)");
+}
+
+ComputeDType compute_dtype() { return current; }
+
+ComputeDTypeScope::ComputeDTypeScope(ComputeDType d) : saved_(current) { current = d; }
+ComputeDTypeScope::~ComputeDTypeScope() { current = saved_; }
+
+}  // namespace corelm::ops
