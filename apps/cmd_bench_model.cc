@@ -29,7 +29,7 @@ namespace {
 struct BenchModelArgs {
   std::string preset = "tiny", precision = "bf16";
   int threads = 1;
-  bool json = false, grid = false, no_train = false;
+  bool json = false, grid = false, no_train = false, pin_threads = false;
   double seconds = 1.0;
   uint64_t seed = 1;
   int64_t score_batch = 16, score_seq = 256, gen_batch = 16, gen_steps = 128;
@@ -158,6 +158,7 @@ double train_rate(const model::ModelConfig& config, const BenchModelArgs& a, con
 
 void run(const BenchModelArgs& a) {
   CORELM_CHECK(a.threads >= 1, ValueError, "bench model: --threads must be >= 1");
+  if (a.pin_threads) set_pin_threads(true);  // before the workers start, so each starts pinned
   set_num_threads(a.threads);
   const model::ModelConfig config = model::ModelConfig::preset(a.preset);
   model::Decoder d(config);
@@ -185,6 +186,7 @@ void run(const BenchModelArgs& a) {
   nlohmann::ordered_json r{{"preset", a.preset},
                            {"isa", isa_name(active_isa())},
                            {"threads", a.threads},
+                           {"pin_threads", pin_threads()},
                            {"precision", model::precision_name(precision)},
                            {"scored_tok_s", scored.wall},
                            {"scored_shape", {a.score_batch, a.score_seq}},
@@ -259,6 +261,8 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--gen-batch", a->gen_batch, "rows of the batched decode figure")->capture_default_str();
   c->add_option("--train-steps", a->train_steps, "timed training steps")->capture_default_str();
   c->add_flag("--no-train", a->no_train, "skip the training figure");
+  c->add_flag("--pin-threads", a->pin_threads,
+              "pin the calling thread and each worker to its own CPU of the allowed set (also CORELM_PIN_THREADS=1)");
   c->add_flag("--grid", a->grid, "also run the pp/tg grid (implied by --pp, --tg, --batch, --depth)");
   CLI::Option* pp = c->add_option("--pp", a->pp, "grid: prompt tokens per row (prefill, last-token logits)")->capture_default_str();
   CLI::Option* tg = c->add_option("--tg", a->tg, "grid: generated tokens per row (decode, full LM head)")->capture_default_str();

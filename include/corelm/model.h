@@ -127,6 +127,14 @@ class Decoder {
   Tensor forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows,
                         Logits logits = Logits::All) const;
 
+  // Greedy decoding step: forward_cached(ids, cache, rows, Logits::Last) followed by each row's
+  // argmax over ids [0, vocab_limit) (<= 0: the whole vocabulary), first index on ties -- the
+  // same ids and cache effects, bitwise. The fast path fuses the argmax into the LM head (blocks
+  // of columns, no [B, V] logits); it runs the last layer for every position, so it is meant for
+  // decode steps (T = 1).
+  std::vector<int64_t> forward_cached_argmax(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows,
+                                             int64_t vocab_limit = 0) const;
+
   // Hidden states [..., H] -> logits [..., V] without autograd; uses the packed LM head when the
   // fast path is prepared (so scoring callers get the same numerics as forward_cached).
   Tensor logits_from_hidden(const Tensor& hidden) const;

@@ -1,7 +1,14 @@
 #include "corelm/thread_pool.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -13,20 +20,89 @@ namespace corelm {
 
 namespace {
 
+// The process's allowed CPUs, read once before this file pins any thread (a pinned thread's own
+// mask would hide the rest).
+// Never destroyed: the pool's destructor runs during static destruction too.
+const std::vector<int>& allowed_cpus() {
+  static const std::vector<int>& cpus = *new std::vector<int>([] {
+    std::vector<int> out;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) out.push_back(c);
+    return out;
+  }());
+  return cpus;
+}
+
+void warn_once(const char* what) {
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    std::fprintf(stderr, "corelm: warning: could not %s (thread pinning left as is): %s\n", what, std::strerror(errno));
+}
+
+// Pins the calling thread to the slot-th allowed CPU (wrapping); slot < 0: back to the whole set.
+void pin_self(int slot) {
+  const std::vector<int>& cpus = allowed_cpus();
+  if (cpus.empty()) {
+    warn_once("read the allowed CPU set");
+    return;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (slot < 0)
+    for (int c : cpus) CPU_SET(c, &set);
+  else
+    CPU_SET(cpus[static_cast<size_t>(slot) % cpus.size()], &set);
+  const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  if (rc != 0) {
+    errno = rc;
+    warn_once("set a thread's CPU affinity");
+  }
+}
+
+bool pin_from_env() {
+  const char* v = std::getenv("CORELM_PIN_THREADS");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 // Workers wait for a job, then pull chunk indices from a shared counter until none are left. The
 // caller's thread pulls chunks too, so n threads means n-1 workers.
 class Pool {
  public:
-  ~Pool() { resize(1); }
+  Pool() {
+    if (pin_from_env()) set_pin(true);
+  }
+  ~Pool() {
+    pin_ = false;  // at exit: stop the workers, leave the caller's affinity alone
+    resize(1);
+  }
 
   void resize(int n) {
     std::lock_guard<std::mutex> run_lock(run_mu_);
     stop_workers();
     threads_ = n;
-    for (int i = 0; i + 1 < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+    if (pin_) pin_self(0);
+    for (int i = 0; i + 1 < n; ++i)
+      workers_.emplace_back([this, slot = pin_ ? i + 1 : -2] {
+        if (slot >= 0) pin_self(slot);
+        worker_loop();
+      });
+  }
+
+  // Restarts the workers so that each starts pinned (or, when turning pinning off, inherits the
+  // caller's restored mask).
+  void set_pin(bool on) {
+    if (on == pin_) return;
+    (void)allowed_cpus();  // read before anything is pinned
+    pin_ = on;
+    if (!on) pin_self(-1);
+    resize(threads_);
   }
 
   int threads() const { return threads_; }
+  bool pinned() const { return pin_; }
 
   void run(int64_t chunks, const std::function<void(int64_t)>& chunk_fn) {
     if (threads_ == 1 || chunks == 1 || in_worker_) {  // nested calls run inline: no deadlock
@@ -120,6 +196,7 @@ class Pool {
   std::atomic<int64_t> next_{0};
   std::exception_ptr error_;
   bool stopping_ = false;
+  bool pin_ = false;
   int threads_ = 1;
   static thread_local bool in_worker_;
 };
@@ -139,6 +216,10 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return pool().threads(); }
+
+void set_pin_threads(bool on) { pool().set_pin(on); }
+
+bool pin_threads() { return pool().pinned(); }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

@@ -76,8 +76,16 @@ class Session {
           ids.push_back(rows_[r].context.back());
         }
       if (active.empty()) break;
-      Tensor logits = decoder_.forward_cached(Tensor::from_vector(ids, {static_cast<int64_t>(ids.size()), 1}), cache, active)
-                          .contiguous();
+      const Tensor step_ids = Tensor::from_vector(ids, {static_cast<int64_t>(ids.size()), 1});
+      if (fused_greedy()) {
+        const std::vector<int64_t> next = decoder_.forward_cached_argmax(step_ids, cache, active, allowed_vocab_);
+        for (size_t b = 0; b < active.size(); ++b) {
+          accept_token(active[b], static_cast<TokenId>(next[b]));
+          ++decode_tokens;
+        }
+        continue;
+      }
+      Tensor logits = decoder_.forward_cached(step_ids, cache, active).contiguous();
       const float* data = logits.data<float>();
       for (size_t b = 0; b < active.size(); ++b) {
         std::copy_n(data + b * vocab_, vocab_, scratch.begin());
@@ -183,10 +191,24 @@ class Session {
     return tokens;
   }
 
+  // Every row samples with the same options. When they are greedy with nothing that rewrites the
+  // logits (repetition penalty, n-gram bans), the sampler's choice is the plain argmax over
+  // [0, allowed_vocab_) and draws no random number, so the decoder's fused LM-head argmax gives
+  // the same token without the [B, V] logits.
+  bool fused_greedy() const {
+    const SamplingOptions& s = opt_.sampling;
+    return s.is_greedy() && s.repetition_penalty == 1.0f && s.no_repeat_ngram_size == 0;
+  }
+
   // Samples the next token of row r from its logits and applies every stopping rule.
   void accept(int64_t r, std::vector<float>& logits) {
     Row& row = rows_[r];
-    TokenId tok = row.sampler.sample(logits, row.context, allowed_vocab_);
+    accept_token(r, row.sampler.sample(logits, row.context, allowed_vocab_));
+  }
+
+  // Appends the chosen token to row r and applies every stopping rule.
+  void accept_token(int64_t r, TokenId tok) {
+    Row& row = rows_[r];
     row.context.push_back(tok);
     row.result.tokens.push_back(tok);
     if (std::find(eos_.begin(), eos_.end(), tok) != eos_.end()) {

@@ -281,6 +281,37 @@ Tensor Decoder::logits_from_hidden(const Tensor& hidden) const {
   return out;
 }
 
+std::vector<int64_t> Decoder::forward_cached_argmax(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows,
+                                                    int64_t vocab_limit) const {
+  const int64_t V = config_.vocab_size, H = config_.hidden_size;
+  const int64_t limit = vocab_limit <= 0 || vocab_limit > V ? V : vocab_limit;
+  if (!fast_) {
+    const Tensor logits = forward_cached(ids, cache, rows, Logits::Last).contiguous();
+    const int64_t B = logits.size(0);
+    std::vector<int64_t> out(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = logits.data<float>() + b * V;
+      int64_t best = 0;
+      for (int64_t j = 1; j < limit; ++j)
+        if (row[j] > row[best]) best = j;
+      out[static_cast<size_t>(b)] = best;
+    }
+    return out;
+  }
+  CORELM_CHECK(!ids.defined() || ids.dim() != 2 || ids.size(1) > 0, ValueError,
+               "Decoder::forward_cached_argmax: needs at least one token per row");
+  // The final-normed hidden states are row-local, so each row's last position holds the bits
+  // Logits::Last would feed the LM head.
+  const Tensor hidden = forward_cached(ids, cache, rows, Logits::None).contiguous();
+  const int64_t B = hidden.size(0), T = hidden.size(1);
+  std::vector<float> last(static_cast<size_t>(B * H));
+  for (int64_t b = 0; b < B; ++b)
+    std::copy_n(hidden.data<float>() + (b * T + T - 1) * H, H, last.data() + b * H);
+  std::vector<int64_t> out(static_cast<size_t>(B));
+  fast_lm_head_argmax(*fast_, last.data(), B, out.data(), limit);
+  return out;
+}
+
 Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows,
                                Logits logits) const {
   check_ids(ids, "forward_cached");

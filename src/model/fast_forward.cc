@@ -64,6 +64,26 @@ FastLinear pack_rows(const Decoder& d, const std::vector<std::string>& names, in
   return out;
 }
 
+// The LM head (no bias) in blocks of kLmHeadBlock rows. Int8 scales are per output row and bf16
+// rounds each weight alone, so a block packs exactly the rows the whole matrix would.
+std::vector<FastLinear> pack_lm_head(const Decoder& d, const std::string& name, int64_t k, Precision precision) {
+  const Tensor& t = tensor_of(d, name);
+  const float* p = t.data<float>();
+  const int64_t V = t.size(0);
+  std::vector<FastLinear> blocks;
+  for (int64_t r0 = 0; r0 < V; r0 += kLmHeadBlock) {
+    const int64_t rows = std::min(kLmHeadBlock, V - r0);
+    FastLinear b;
+    b.int8 = precision == Precision::Int8;
+    if (b.int8)
+      b.i8 = kernels::pack_linear_int8(p + r0 * k, rows, k, k, nullptr);
+    else
+      b.bf16 = kernels::pack_linear_bf16(p + r0 * k, rows, k, k, nullptr, kernels::preferred_linear_bf16_kernel());
+    blocks.push_back(std::move(b));
+  }
+  return blocks;
+}
+
 // Reused buffers; sized up on demand, never shrunk.
 struct Workspace {
   std::vector<float> x, h, qkv, attn, gu, m, tmp;
@@ -97,7 +117,7 @@ FastWeights pack_fast_weights(const Decoder& d, Precision precision) {
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = copy_of(d, "model.norm.weight", H);
-  w.lm_head = pack_rows(d, {c.tie_word_embeddings ? "model.embed_tokens" : "lm_head"}, H, precision);
+  w.lm_head = pack_lm_head(d, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", H, precision);
   w.embed = tensor_of(d, "model.embed_tokens.weight");
   // Caches may be longer than max_position_embeddings (the reference path allows it too).
   w.rope = kernels::RopeTable(c.head_dim, std::max<int64_t>(c.max_position_embeddings, 8192),
@@ -106,7 +126,51 @@ FastWeights pack_fast_weights(const Decoder& d, Precision precision) {
 }
 
 void fast_lm_head(const FastWeights& w, const float* hidden, int64_t n, float* logits) {
-  w.lm_head.run(hidden, n, w.lm_head.k(), logits, w.lm_head.n());
+  int64_t V = 0;
+  for (const FastLinear& b : w.lm_head) V += b.n();
+  int64_t col = 0;
+  for (const FastLinear& b : w.lm_head) {
+    b.run(hidden, n, b.k(), logits + col, V);
+    col += b.n();
+  }
+}
+
+void fast_lm_head_argmax(const FastWeights& w, const float* hidden, int64_t n, int64_t* ids, int64_t limit) {
+  if (n <= 0) return;
+  int64_t V = 0;
+  for (const FastLinear& b : w.lm_head) V += b.n();
+  if (limit <= 0 || limit > V) limit = V;
+  thread_local std::vector<float> buffer;
+  float* y = Workspace::fit(buffer, n * kLmHeadBlock);
+  thread_local std::vector<float> best_value;
+  float* best = Workspace::fit(best_value, n);
+  // The running scan visits columns in order with `>`, as a plain argmax over the row does: the
+  // first index wins ties, and a NaN neither wins nor (after column 0) is chosen.
+  int64_t col = 0;
+  for (const FastLinear& b : w.lm_head) {
+    if (col >= limit) break;
+    const int64_t bn = b.n(), cols = std::min(bn, limit - col);
+    b.run(hidden, n, b.k(), y, bn);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = y + i * bn;
+      int64_t j = 0;
+      if (col == 0) {
+        best[i] = row[0];
+        ids[i] = 0;
+        j = 1;
+      }
+      float m = best[i];
+      int64_t arg = ids[i];
+      for (; j < cols; ++j)
+        if (row[j] > m) {
+          m = row[j];
+          arg = col + j;
+        }
+      best[i] = m;
+      ids[i] = arg;
+    }
+    col += bn;
+  }
 }
 
 Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Tensor& ids, KVCache& cache,

@@ -36,10 +36,15 @@ struct FastLayer {
   FastLinear down;     // [H, I]
 };
 
+inline constexpr int64_t kLmHeadBlock = 4096;
+
 struct FastWeights {
   std::vector<FastLayer> layers;
   std::vector<float> final_norm;
-  FastLinear lm_head;             // [V, H]
+  // [V, H] packed as blocks of kLmHeadBlock output rows (the last may be shorter), so the greedy
+  // head can keep a running argmax over a small buffer; fast_lm_head runs the same blocks, so the
+  // fused argmax sees bitwise the logits fast_lm_head returns.
+  std::vector<FastLinear> lm_head;
   Tensor embed;                   // the fp32 embedding parameter (shared, not copied)
   kernels::RopeTable rope;
 };
@@ -54,5 +59,10 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
 
 // hidden [N, H] contiguous fp32 -> logits [N, V] through the packed LM head.
 void fast_lm_head(const FastWeights& w, const float* hidden, int64_t n, float* logits);
+
+// hidden [N, H] -> ids[i] = the argmax of logits row i over columns [0, limit) (limit <= 0 or
+// > V: all of them), first index on ties, exactly as argmax over fast_lm_head's row (the same
+// blocks run on the same inputs). Never materialises more than N x kLmHeadBlock logits.
+void fast_lm_head_argmax(const FastWeights& w, const float* hidden, int64_t n, int64_t* ids, int64_t limit = 0);
 
 }  // namespace corelm::model
