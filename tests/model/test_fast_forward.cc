@@ -15,28 +15,13 @@
 #include "corelm/isa.h"
 #include "corelm/model.h"
 #include "corelm/model_loader.h"
+#include "common/model_factories.h"
 
 namespace corelm::model {
 namespace {
 
-ModelConfig small_config(bool qwen2) {
-  ModelConfig c;
-  c.model_type = qwen2 ? "qwen2" : "llama";
-  c.attention_bias = qwen2;
-  c.vocab_size = 384;
-  c.hidden_size = 128;
-  c.intermediate_size = 320;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  c.max_position_embeddings = 96;
-  c.tie_word_embeddings = !qwen2;
-  c.initializer_range = 0.08;  // peakier logits than HF's 0.02, so argmax comparisons mean something
-  return c;
-}
-
-Tensor ids_of(const std::vector<int64_t>& v, int64_t B, int64_t T) { return Tensor::from_vector(v, {B, T}); }
+ModelConfig small_config(bool qwen2) { return testing::small_decoder_config(qwen2, 0.08); }
+using testing::ids_of;
 
 std::vector<int64_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int64_t> v(static_cast<size_t>(n));

@@ -18,32 +18,17 @@
 #include "corelm/isa.h"
 #include "corelm/model.h"
 #include "corelm/model_loader.h"
+#include "common/model_factories.h"
 #include "corelm/thread_pool.h"
 
 namespace corelm::model {
 namespace {
 
-ModelConfig small_config(bool qwen2) {
-  ModelConfig c;
-  c.model_type = qwen2 ? "qwen2" : "llama";
-  c.attention_bias = qwen2;
-  c.vocab_size = 384;
-  c.hidden_size = 128;
-  c.intermediate_size = 320;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  c.max_position_embeddings = 96;
-  c.tie_word_embeddings = !qwen2;
-  // Larger than HF's 0.02 so logits have real margins, but not much larger: random weights grow
-  // heavy-tailed activations that per-row int8 scales resolve poorly (measured over seeds 1-3:
-  // top-1 agreement 0.93-0.99 at 0.05, 0.89-0.99 at 0.1).
-  c.initializer_range = 0.05;
-  return c;
-}
-
-Tensor ids_of(const std::vector<int64_t>& v, int64_t B, int64_t T) { return Tensor::from_vector(v, {B, T}); }
+// Larger than HF's 0.02 so logits have real margins, but not much larger: random weights grow
+// heavy-tailed activations that per-row int8 scales resolve poorly (measured over seeds 1-3:
+// top-1 agreement 0.93-0.99 at 0.05, 0.89-0.99 at 0.1).
+ModelConfig small_config(bool qwen2) { return testing::small_decoder_config(qwen2, 0.05); }
+using testing::ids_of;
 
 std::vector<int64_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int64_t> v(static_cast<size_t>(n));

@@ -1,0 +1,32 @@
+// Small random-weight decoder configs shared by the model tests (fast path, int8 path).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "corelm/model.h"
+#include "corelm/tensor.h"
+
+namespace corelm::testing {
+
+// A 2-layer GQA decoder: llama with tied embeddings, or qwen2 with QKV bias and an untied head.
+// `init_range` above HF's 0.02 gives logits real margins, so argmax comparisons mean something.
+inline model::ModelConfig small_decoder_config(bool qwen2, double init_range) {
+  model::ModelConfig c;
+  c.model_type = qwen2 ? "qwen2" : "llama";
+  c.attention_bias = qwen2;
+  c.vocab_size = 384;
+  c.hidden_size = 128;
+  c.intermediate_size = 320;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.max_position_embeddings = 96;
+  c.tie_word_embeddings = !qwen2;
+  c.initializer_range = init_range;
+  return c;
+}
+
+inline Tensor ids_of(const std::vector<int64_t>& v, int64_t B, int64_t T) { return Tensor::from_vector(v, {B, T}); }
+
+}  // namespace corelm::testing
