@@ -29,6 +29,10 @@ struct SamplingOptions {
 
   void validate() const;  // ValueError naming the option
   bool is_greedy() const { return greedy || temperature <= 0.0f; }
+  // Greedy with nothing that rewrites the logits first (repetition penalty, n-gram ban): the pick
+  // is the plain argmax of the row and no random number is drawn, so a caller may take the
+  // argmax without materialising the logits (the fused LM-head argmax of the generator).
+  bool is_plain_argmax() const { return is_greedy() && repetition_penalty == 1.0f && no_repeat_ngram_size == 0; }
 };
 
 // In place, on one row of logits. `context` is the prompt plus the tokens generated so far.

@@ -191,14 +191,10 @@ class Session {
     return tokens;
   }
 
-  // Every row samples with the same options. When they are greedy with nothing that rewrites the
-  // logits (repetition penalty, n-gram bans), the sampler's choice is the plain argmax over
-  // [0, allowed_vocab_) and draws no random number, so the decoder's fused LM-head argmax gives
-  // the same token without the [B, V] logits.
-  bool fused_greedy() const {
-    const SamplingOptions& s = opt_.sampling;
-    return s.is_greedy() && s.repetition_penalty == 1.0f && s.no_repeat_ngram_size == 0;
-  }
+  // Every row samples with the same options; when they pick the plain argmax over
+  // [0, allowed_vocab_), the decoder's fused LM-head argmax gives the same token without the
+  // [B, V] logits.
+  bool fused_greedy() const { return opt_.sampling.is_plain_argmax(); }
 
   // Samples the next token of row r from its logits and applies every stopping rule.
   void accept(int64_t r, std::vector<float>& logits) {

@@ -1,6 +1,8 @@
 #include "corelm/autocast.h"
 
+#include "corelm/dtype.h"
 #include "corelm/error.h"
+#include "ops/bf16_operands.h"
 
 namespace corelm::ops {
 namespace {
@@ -25,5 +27,14 @@ ComputeDType compute_dtype() { return current; }
 
 ComputeDTypeScope::ComputeDTypeScope(ComputeDType d) : saved_(current) { current = d; }
 ComputeDTypeScope::~ComputeDTypeScope() { current = saved_; }
+
+Tensor detail::rounded_to_bf16(const Tensor& x) {
+  const Tensor c = x.contiguous();
+  Tensor r = Tensor::empty(c.shape());
+  const float* src = c.data<float>();
+  float* dst = r.data<float>();
+  for (int64_t i = 0, n = c.numel(); i < n; ++i) dst[i] = bf16_to_float(float_to_bf16(src[i]));
+  return r;
+}
 
 }  // namespace corelm::ops

@@ -13,6 +13,7 @@
 #include "corelm/dtype.h"
 #include "corelm/ops.h"
 #include "kernels/cpu/lm_head_loss.h"
+#include "ops/bf16_operands.h"
 #include "ops/op_checks.h"
 
 namespace corelm::ops {
@@ -49,13 +50,8 @@ std::vector<int64_t> checked_targets(const char* op, const Tensor& targets, int6
 
 // Contiguous f32 operand, rounded to bf16 values when the autocast scope asks for bf16 products.
 Tensor compute_operand(const Tensor& x) {
-  Tensor c = x.detach().contiguous();
-  if (compute_dtype() != ComputeDType::BF16) return c;
-  Tensor r = Tensor::empty(c.shape());
-  const float* src = c.data<float>();
-  float* dst = r.data<float>();
-  for (int64_t i = 0, n = c.numel(); i < n; ++i) dst[i] = bf16_to_float(float_to_bf16(src[i]));
-  return r;
+  const Tensor c = x.detach();
+  return compute_dtype() == ComputeDType::BF16 ? detail::rounded_to_bf16(c) : c.contiguous();
 }
 
 struct Pass {

@@ -18,6 +18,7 @@
 #include "corelm/dtype.h"
 #include "corelm/ops.h"
 #include "kernels/cpu/gemm.h"
+#include "ops/bf16_operands.h"
 #include "ops/op_checks.h"
 
 namespace corelm::ops {
@@ -33,16 +34,6 @@ Strides batch_strides(const Tensor& x, const Shape& batch) {
   Strides s(batch.size(), 0);
   for (size_t d = 0; d < xb; ++d) s[offset + d] = x.shape()[d] == 1 ? 0 : own[d];
   return s;
-}
-
-// A contiguous copy of x with every value rounded to bf16 (kept in fp32 storage).
-Tensor rounded_to_bf16(const Tensor& x) {
-  const Tensor c = x.contiguous();
-  Tensor r = Tensor::empty(c.shape());
-  const float* src = c.data<float>();
-  float* dst = r.data<float>();
-  for (int64_t i = 0, n = c.numel(); i < n; ++i) dst[i] = bf16_to_float(float_to_bf16(src[i]));
-  return r;
 }
 
 bool packed_linear_forward() {
@@ -84,8 +75,8 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, Comput
     kern::linear_bf16(ac.data<float>(), shape_numel(batch) * M, K, w, out.data<float>(), N);
     return out;
   }
-  const Tensor ac = bf16 ? rounded_to_bf16(a) : a.contiguous();
-  const Tensor bc = bf16 ? rounded_to_bf16(b) : b.contiguous();
+  const Tensor ac = bf16 ? detail::rounded_to_bf16(a) : a.contiguous();
+  const Tensor bc = bf16 ? detail::rounded_to_bf16(b) : b.contiguous();
   const float* pa = ac.data<float>();
   const float* pb = bc.data<float>();
   float* pc = out.data<float>();
