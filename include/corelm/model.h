@@ -116,6 +116,9 @@ class Decoder {
   // The final-normed hidden states [B, T, H]; lm_head() maps them to logits.
   Tensor forward_hidden(const Tensor& ids) const;
   Tensor lm_head(const Tensor& hidden) const;
+  // The LM head's weight [V, H]: "lm_head.weight", or "model.embed_tokens.weight" when tied.
+  std::string lm_head_weight_name() const;
+  const Tensor& lm_head_weight() const;
 
   // Incremental forward (no autograd): ids [B, T] are appended to each row of `cache` at that
   // row's current length (rows in `rows`, one per batch entry of ids; cache row r = rows[b]),

@@ -176,9 +176,14 @@ Tensor Decoder::forward(const Tensor& ids) const {
   return lm_head(forward_hidden(ids));
 }
 
+std::string Decoder::lm_head_weight_name() const {
+  return config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+}
+
+const Tensor& Decoder::lm_head_weight() const { return params_[index_.at(lm_head_weight_name())].second; }
+
 Tensor Decoder::lm_head(const Tensor& hidden) const {
-  const Tensor& w = config_.tie_word_embeddings ? params_[index_.at("model.embed_tokens.weight")].second
-                                                : params_[index_.at("lm_head.weight")].second;
+  const Tensor& w = lm_head_weight();
   CORELM_CHECK(hidden.defined() && hidden.dim() >= 1 && hidden.size(-1) == config_.hidden_size, ShapeError,
                "Decoder::lm_head: hidden must end in hidden_size ", config_.hidden_size, ", got ",
                hidden.defined() ? shape_str(hidden.shape()) : std::string("undefined"));

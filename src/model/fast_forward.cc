@@ -117,7 +117,7 @@ FastWeights pack_fast_weights(const Decoder& d, Precision precision) {
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = copy_of(d, "model.norm.weight", H);
-  w.lm_head = pack_lm_head(d, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", H, precision);
+  w.lm_head = pack_lm_head(d, d.lm_head_weight_name(), H, precision);
   w.embed = tensor_of(d, "model.embed_tokens.weight");
   // Caches may be longer than max_position_embeddings (the reference path allows it too).
   w.rope = kernels::RopeTable(c.head_dim, std::max<int64_t>(c.max_position_embeddings, 8192),

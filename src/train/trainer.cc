@@ -45,14 +45,6 @@ std::string format_duration(double s) {
   return buf;
 }
 
-// The LM head's weight: lm_head.weight, or the token embedding when the two are tied.
-const Tensor& head_weight(const model::Decoder& model) {
-  const std::string name = model.config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  for (const auto& [n, t] : model.named_parameters())
-    if (n == name) return t;
-  throw ValueError(::corelm::detail::concat("train: the model has no parameter ", name));
-}
-
 // Where a micro-batch's sampled negatives come from (the draw is a function of seed/step/micro).
 struct SampledDraw {
   const UnigramProposal* proposal = nullptr;
@@ -74,7 +66,7 @@ Tensor batch_loss(const model::Decoder& model, const Batch& b, const SampledDraw
   }
   Tensor hidden = model.forward_hidden(b.ids);
   hidden = ops::reshape(hidden, {n, hidden.size(-1)});
-  const Tensor& weight = head_weight(model);
+  const Tensor& weight = model.lm_head_weight();
   if (!sampled) return ops::linear_cross_entropy(hidden, weight, targets);
   const CandidateSet c = draw_candidates(*sampled->proposal, sampled->negatives, targets, sampled->seed,
                                          sampled->step, sampled->micro_batch);
