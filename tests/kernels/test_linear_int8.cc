@@ -37,8 +37,10 @@ void check_against_fp32(int64_t m, int64_t n, int64_t k, bool with_bias, int64_t
   auto Y = random_floats(m * ldy, seed + 3);
   const auto Y0 = Y;
   const auto packed = pack_linear_int8(W.data(), n, k, ldw, with_bias ? bias.data() : nullptr);
-  ASSERT_EQ(packed.isa, static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx512Bf16) ? Isa::Avx512Bf16
-                                                                                               : Isa::Reference);
+  const Isa expected = active_isa() == Isa::Amx ? Isa::Amx
+                       : static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx512Bf16) ? Isa::Avx512Bf16
+                                                                                               : Isa::Reference;
+  ASSERT_EQ(packed.isa, expected);
   linear_int8(X.data(), m, ldx, packed, Y.data(), ldy);
   for (int64_t i = 0; i < m; ++i) {
     const double sx = abs_max(&X[i * ldx], k) / 127;

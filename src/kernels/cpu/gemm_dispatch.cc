@@ -17,6 +17,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_paths.h"
 #include "kernels/cpu/reference/gemm.h"
+#include "kernels/cpu/tile_emulation.h"
 
 namespace corelm::kernels {
 namespace {
@@ -63,17 +64,21 @@ GemmF32BlockFn gemm_f32_kernel(Isa isa) {
   return nullptr;
 }
 
-// The packed layout (and kernel) pack_linear_bf16 produces for `isa`: AMX machines use the
-// AVX-512 BF16 kernel until an AMX tile kernel exists.
-Isa linear_isa(Isa isa) { return isa == Isa::Amx ? Isa::Avx512Bf16 : isa; }
-
 LinearBf16BlockFn linear_kernel(Isa isa) {
   switch (isa) {
     case Isa::Avx2: return avx2::linear_bf16_block;
     case Isa::Avx512: return avx512::linear_bf16_block;
     case Isa::Avx512Bf16: return avx512_bf16::linear_bf16_block;
+    case Isa::Amx: return amx::linear_bf16_block;
     default: return nullptr;
   }
+}
+
+// K as the packed layout of `kernel` stores it: whole tiles of 32 for AMX, whole pairs otherwise.
+int64_t padded_k(Isa kernel, int64_t k) {
+  if (kernel == Isa::Reference) return k;
+  const int64_t unit = kernel == Isa::Amx ? kAmxKBf16 : 2;
+  return (k + unit - 1) / unit * unit;
 }
 
 // Runs task(t) for t in [0, tasks): inline when there is one task or one thread (no std::function
@@ -116,6 +121,9 @@ double best_gflops(double seconds, double flops_per_iter, float (*loop)(int64_t)
 }
 
 int64_t blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+void run_packed_linear(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, float* Y, int64_t ldy,
+                       LinearBf16BlockFn kernel);
 
 void reference_linear(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, float* Y, int64_t ldy) {
   const int64_t n = W.n, k = W.k;
@@ -179,15 +187,18 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 }
 
 Isa preferred_linear_bf16_kernel() {
-  const Isa isa = linear_isa(active_isa());
-  if (isa != Isa::Avx512Bf16) return isa;
+  const Isa isa = active_isa();
+  if (isa != Isa::Avx512Bf16 && isa != Isa::Amx) return isa;
   const char* env = std::getenv("CORELM_BF16_KERNEL");
   if (env && *env) {
     const std::string want(env);
     if (want == "dpbf16") return Isa::Avx512Bf16;
     if (want == "fma") return Isa::Avx512;
-    throw ValueError("CORELM_BF16_KERNEL='" + want + "': expected dpbf16 or fma");
+    if (want == "amx" && isa == Isa::Amx) return Isa::Amx;
+    throw ValueError("CORELM_BF16_KERNEL='" + want + "': expected dpbf16 or fma" +
+                     (isa == Isa::Amx ? " or amx" : " (amx needs an AMX CPU and CORELM_ISA allowing it)"));
   }
+  if (isa == Isa::Amx) return Isa::Amx;  // tiles beat both vector kernels wherever they exist
   unsigned max_leaf = 0, ebx = 0, ecx = 0, edx = 0;
   __cpuid(0, max_leaf, ebx, ecx, edx);
   const bool intel = ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu;  // "GenuineIntel"
@@ -195,13 +206,16 @@ Isa preferred_linear_bf16_kernel() {
 }
 
 PackedLinear pack_linear_bf16(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias) {
-  return pack_linear_bf16(W, n, k, ldw, bias, linear_isa(active_isa()));
+  return pack_linear_bf16(W, n, k, ldw, bias, active_isa());
 }
 
 PackedLinear pack_linear_bf16(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias, Isa kernel) {
   CORELM_CHECK(static_cast<int>(kernel) <= static_cast<int>(detected_isa()), ValueError, "pack_linear_bf16: kernel ",
                isa_name(kernel), " is not supported by this CPU (best: ", isa_name(detected_isa()), ")");
-  CORELM_CHECK(kernel != Isa::Amx, ValueError, "pack_linear_bf16: no amx kernel yet (use avx512_bf16)");
+  return pack_linear_bf16_any_cpu(W, n, k, ldw, bias, kernel);
+}
+
+PackedLinear pack_linear_bf16_any_cpu(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias, Isa kernel) {
   CORELM_CHECK(n >= 1 && k >= 1, ValueError, "pack_linear_bf16: need n >= 1 and k >= 1, got n=", n, " k=", k);
   CORELM_CHECK(ldw >= k, ValueError, "pack_linear_bf16: row stride ldw=", ldw, " is less than k=", k);
   CORELM_CHECK(W != nullptr, ValueError, "pack_linear_bf16: null weight pointer");
@@ -217,8 +231,8 @@ PackedLinear pack_linear_bf16(const float* W, int64_t n, int64_t k, int64_t ldw,
       for (int64_t i = 0; i < k; ++i) p.data[static_cast<size_t>(j * k + i)] = float_to_bf16(W[j * ldw + i]).bits;
     return p;
   }
-  // Panel layout of gemm_paths.h (the same for every vector path).
-  const int64_t kp = (k + 1) / 2 * 2, panels = blocks(n, kLinearPanel);
+  // Panel layout of gemm_paths.h (the same for every vector path and AMX).
+  const int64_t kp = padded_k(kernel, k), panels = blocks(n, kLinearPanel);
   p.k_padded = kp;
   p.data.assign(static_cast<size_t>(panels * kp * kLinearPanel), 0);
   for (int64_t j = 0; j < n; ++j) {
@@ -242,10 +256,25 @@ void linear_bf16(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, 
   }
   const LinearBf16BlockFn kernel = linear_kernel(W.isa);
   CORELM_CHECK(kernel != nullptr, ValueError, "linear_bf16: no kernel for packing ", isa_name(W.isa));
+  run_packed_linear(X, m, ldx, W, Y, ldy, kernel);
+}
+
+void linear_bf16_tile_emulation(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, float* Y, int64_t ldy) {
+  CORELM_CHECK(W.isa == Isa::Amx, ValueError, "linear_bf16_tile_emulation: weight packed for ", isa_name(W.isa),
+               ", not amx");
+  CORELM_CHECK(m >= 0 && ldx >= W.k && ldy >= W.n, ValueError, "linear_bf16_tile_emulation: bad m/ldx/ldy");
+  if (m == 0) return;
+  run_packed_linear(X, m, ldx, W, Y, ldy, amx_emulated::linear_bf16_block);
+}
+
+namespace {
+
+void run_packed_linear(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, float* Y, int64_t ldy,
+                       LinearBf16BlockFn kernel) {
   const int64_t expected = blocks(W.n, kLinearPanel) * W.k_padded * kLinearPanel;
-  CORELM_CHECK(static_cast<int64_t>(W.data.size()) == expected && W.k_padded == (W.k + 1) / 2 * 2, ValueError,
+  CORELM_CHECK(static_cast<int64_t>(W.data.size()) == expected && W.k_padded == padded_k(W.isa, W.k), ValueError,
                "linear_bf16: packed weight has ", W.data.size(), " values, expected ", expected,
-               " for n=", W.n, " k=", W.k);
+               " for n=", W.n, " k=", W.k, " packed for ", isa_name(W.isa));
   LinearBf16Args a;
   a.X = X;
   a.ldx = ldx;
@@ -277,5 +306,7 @@ void linear_bf16(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, 
     last_xbuf() = xbuf;
   });
 }
+
+}  // namespace
 
 }  // namespace corelm::kernels

@@ -80,8 +80,24 @@ void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0
 }  // namespace avx512
 namespace avx512_bf16 {
 float dpbf16_peak_loop(int64_t iters);
+// Rows [m0, m1) of a.X as bf16 bit patterns (nearest-even, as bf16_bits()), zero-padded to a.kp:
+// out[(i - m0) * a.kp + t]. Shared with the AMX kernel (every AMX CPU has AVX-512 BF16).
+void round_rows_bf16(const LinearBf16Args& a, int64_t m0, int64_t m1, uint16_t* out);
 void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
                        bool x_ready);
 }  // namespace avx512_bf16
+
+// AMX kernels (amx_tile_kernels.h): the packing is the panel layout above with kp padded to a
+// multiple of kAmxKBf16; `xbuf` as for the other paths (rows are zero-padded to 16 inside).
+inline constexpr int64_t kAmxKBf16 = 32;
+namespace amx {
+void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
+                       bool x_ready);
+}  // namespace amx
+// The same loops on emulated tiles (tile_emulation.cc): any CPU, for tests.
+namespace amx_emulated {
+void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
+                       bool x_ready);
+}  // namespace amx_emulated
 
 }  // namespace corelm::kernels

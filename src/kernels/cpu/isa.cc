@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <string>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "corelm/error.h"
 
 namespace corelm {
@@ -28,6 +31,12 @@ uint64_t xgetbv0() {
   return (uint64_t(hi) << 32) | lo;
 }
 
+bool request_tile_state() {
+  constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl code (asm/prctl.h)
+  constexpr long kXfeatureTileData = 18;      // XFEATURE_XTILEDATA
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureTileData) == 0;
+}
+
 Isa detect() {
   if (__get_cpuid_max(0, nullptr) < 7) return Isa::Reference;
   const CpuidRegs l1 = cpuid(1, 0);
@@ -47,10 +56,11 @@ Isa detect() {
   if (!(os_avx && avx2 && fma)) return Isa::Reference;
   if (!(os_avx512 && avx512f && avx512bw && avx512vl && avx512dq)) return Isa::Avx2;
   if (!(avx512bf16 && avx512vnni)) return Isa::Avx512;
-  // AMX also needs the kernel to grant the tile state per process (arch_prctl); the AMX kernels
-  // request it and fall back if refused, so detection only reports what the hardware has.
-  if (!(os_amx && amx_bf16 && amx_tile)) return Isa::Avx512Bf16;
-  return Isa::Amx;
+  const bool amx_int8 = l7.d & (1u << 25);
+  if (!(os_amx && amx_bf16 && amx_int8 && amx_tile)) return Isa::Avx512Bf16;
+  // Linux (5.16+) hands out the 8 KiB tile data state per process on request; without the grant
+  // the first tile instruction faults, so a refusal means the AVX-512 BF16 path.
+  return request_tile_state() ? Isa::Amx : Isa::Avx512Bf16;
 }
 
 Isa env_capped(Isa detected) {

@@ -81,4 +81,14 @@ void linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64_t p0
 float dpbusd_peak_loop(int64_t iters);
 }  // namespace avx512_bf16
 
+// AMX tdpbusd (amx_tile_kernels.h): the VNNI panel layout with kp padded to a multiple of
+// kAmxKInt8; a.xq must hold the call's rows padded to a multiple of 16 rows (any bytes there).
+inline constexpr int64_t kAmxKInt8 = 64;
+namespace amx {
+void linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+}  // namespace amx
+namespace amx_emulated {
+void linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+}  // namespace amx_emulated
+
 }  // namespace corelm::kernels

@@ -12,6 +12,7 @@
 #include "corelm/thread_pool.h"
 #include "kernels/cpu/linear_int8.h"
 #include "kernels/cpu/reference/linear_int8.h"
+#include "kernels/cpu/tile_emulation.h"
 
 namespace corelm::kernels {
 namespace {
@@ -23,14 +24,41 @@ int64_t blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
 bool has_vnni_path(Isa isa) { return static_cast<int>(isa) >= static_cast<int>(Isa::Avx512Bf16); }
 
-void run_vnni(const float* X, int64_t m, int64_t ldx, const PackedLinearI8& W, float* Y, int64_t ldy) {
+// The int8 kernel of this CPU's best path: AMX tiles, VNNI, or the scalar reference.
+Isa int8_kernel_for(Isa isa) { return isa == Isa::Amx ? Isa::Amx : has_vnni_path(isa) ? Isa::Avx512Bf16 : Isa::Reference; }
+
+// K as the packed layout stores it: whole tiles of 64 for AMX, groups of 4 for VNNI.
+int64_t padded_k(Isa kernel, int64_t k) {
+  const int64_t unit = kernel == Isa::Amx ? kAmxKInt8 : kernel == Isa::Avx512Bf16 ? 4 : 1;
+  return (k + unit - 1) / unit * unit;
+}
+
+using QuantizeRowsFn = void (*)(const float* X, int64_t m, int64_t ldx, int64_t k, int64_t kp, uint8_t* xq,
+                                float* xscale);
+using Int8BlockFn = void (*)(const LinearI8Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+
+// reference::quantize_row_int8 in the u8 form (q + 128, padding 128) the vector kernels take.
+void quantize_rows_u8_scalar(const float* X, int64_t m, int64_t ldx, int64_t k, int64_t kp, uint8_t* xq,
+                             float* xscale) {
+  std::vector<int8_t> q(static_cast<size_t>(k));
+  for (int64_t i = 0; i < m; ++i) {
+    xscale[i] = reference::quantize_row_int8(X + i * ldx, k, q.data());
+    for (int64_t t = 0; t < kp; ++t) xq[i * kp + t] = static_cast<uint8_t>((t < k ? q[t] : 0) + 128);
+  }
+}
+
+// Quantizes X once, then runs `block` over the fixed task grid. Tile kernels load whole 16-row
+// tiles, so the quantized rows are padded to a multiple of 16 (the padding rows' outputs are
+// never stored).
+void run_packed(const float* X, int64_t m, int64_t ldx, const PackedLinearI8& W, float* Y, int64_t ldy,
+                QuantizeRowsFn quantize, Int8BlockFn block) {
   // The calling thread's quantized copy of X; grows to the largest call, then is reused.
   thread_local std::vector<uint8_t> xq;
   thread_local std::vector<float> xscale;
-  const int64_t kp = W.k_padded;
-  if (static_cast<int64_t>(xq.size()) < m * kp) xq.resize(static_cast<size_t>(m * kp));
+  const int64_t kp = W.k_padded, rows = (m + 15) / 16 * 16;
+  if (static_cast<int64_t>(xq.size()) < rows * kp) xq.resize(static_cast<size_t>(rows * kp));
   if (static_cast<int64_t>(xscale.size()) < m) xscale.resize(static_cast<size_t>(m));
-  avx512_bf16::quantize_rows_u8(X, m, ldx, W.k, kp, xq.data(), xscale.data());
+  quantize(X, m, ldx, W.k, kp, xq.data(), xscale.data());
   LinearI8Args a;
   a.xq = xq.data();
   a.xscale = xscale.data();
@@ -46,7 +74,7 @@ void run_vnni(const float* X, int64_t m, int64_t ldx, const PackedLinearI8& W, f
   const int64_t tasks = blocks(m, kRowBlock) * col_blocks;
   const auto task = [&](int64_t t) {
     const int64_t m0 = (t / col_blocks) * kRowBlock, p0 = (t % col_blocks) * kPanelsPerBlock;
-    avx512_bf16::linear_int8_block(a, m0, std::min(m0 + kRowBlock, m), p0, std::min(p0 + kPanelsPerBlock, panels));
+    block(a, m0, std::min(m0 + kRowBlock, m), p0, std::min(p0 + kPanelsPerBlock, panels));
   };
   if (tasks == 1 || num_threads() == 1) {
     for (int64_t t = 0; t < tasks; ++t) task(t);
@@ -57,6 +85,8 @@ void run_vnni(const float* X, int64_t m, int64_t ldx, const PackedLinearI8& W, f
   });
 }
 
+void check_packing(const PackedLinearI8& W);
+
 double thread_cpu_seconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -66,14 +96,19 @@ double thread_cpu_seconds() {
 }  // namespace
 
 PackedLinearI8 pack_linear_int8(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias) {
-  return pack_linear_int8(W, n, k, ldw, bias, has_vnni_path(active_isa()) ? Isa::Avx512Bf16 : Isa::Reference);
+  return pack_linear_int8(W, n, k, ldw, bias, int8_kernel_for(active_isa()));
 }
 
 PackedLinearI8 pack_linear_int8(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias, Isa kernel) {
-  CORELM_CHECK(kernel == Isa::Reference || kernel == Isa::Avx512Bf16, ValueError, "pack_linear_int8: kernel ",
-               isa_name(kernel), " has no int8 linear (use reference or avx512_bf16)");
   CORELM_CHECK(static_cast<int>(kernel) <= static_cast<int>(detected_isa()), ValueError, "pack_linear_int8: kernel ",
                isa_name(kernel), " is not supported by this CPU (best: ", isa_name(detected_isa()), ")");
+  return pack_linear_int8_any_cpu(W, n, k, ldw, bias, kernel);
+}
+
+PackedLinearI8 pack_linear_int8_any_cpu(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias,
+                                        Isa kernel) {
+  CORELM_CHECK(kernel == Isa::Reference || kernel == Isa::Avx512Bf16 || kernel == Isa::Amx, ValueError,
+               "pack_linear_int8: kernel ", isa_name(kernel), " has no int8 linear (use reference, avx512_bf16 or amx)");
   CORELM_CHECK(n >= 1 && k >= 1, ValueError, "pack_linear_int8: need n >= 1 and k >= 1, got n=", n, " k=", k);
   CORELM_CHECK(k <= kMaxLinearInt8K, ValueError, "pack_linear_int8: k=", k, " exceeds ", kMaxLinearInt8K,
                " (int32 accumulators could overflow)");
@@ -83,7 +118,7 @@ PackedLinearI8 pack_linear_int8(const float* W, int64_t n, int64_t k, int64_t ld
   p.n = n;
   p.k = k;
   p.isa = kernel;
-  p.k_padded = kernel == Isa::Reference ? k : (k + 3) / 4 * 4;
+  p.k_padded = padded_k(kernel, k);
   p.scale.resize(static_cast<size_t>(n));
   p.row_sum.resize(static_cast<size_t>(n));
   if (bias) p.bias.assign(bias, bias + n);
@@ -114,21 +149,41 @@ void linear_int8(const float* X, int64_t m, int64_t ldx, const PackedLinearI8& W
                " are smaller than the weight's in_features=", W.k, " / out_features=", W.n);
   CORELM_CHECK(static_cast<int>(W.isa) <= static_cast<int>(detected_isa()), ValueError,
                "linear_int8: weight packed for ", isa_name(W.isa), " which this CPU does not support");
-  const bool vnni = W.isa == Isa::Avx512Bf16;
-  CORELM_CHECK(vnni || W.isa == Isa::Reference, ValueError, "linear_int8: no kernel for packing ", isa_name(W.isa));
-  const int64_t expected = vnni ? blocks(W.n, kInt8Panel) * kInt8Panel * W.k_padded : W.n * W.k;
-  CORELM_CHECK(static_cast<int64_t>(W.data.size()) == expected &&
-                   W.k_padded == (vnni ? (W.k + 3) / 4 * 4 : W.k) &&
+  CORELM_CHECK(W.isa == Isa::Reference || W.isa == Isa::Avx512Bf16 || W.isa == Isa::Amx, ValueError,
+               "linear_int8: no kernel for packing ", isa_name(W.isa));
+  check_packing(W);
+  if (m == 0) return;
+  CORELM_CHECK(X != nullptr && Y != nullptr, ValueError, "linear_int8: null input or output pointer");
+  if (W.isa == Isa::Amx) return run_packed(X, m, ldx, W, Y, ldy, avx512_bf16::quantize_rows_u8, amx::linear_int8_block);
+  if (W.isa == Isa::Avx512Bf16)
+    return run_packed(X, m, ldx, W, Y, ldy, avx512_bf16::quantize_rows_u8, avx512_bf16::linear_int8_block);
+  reference::linear_int8(X, m, ldx, W, Y, ldy);
+}
+
+void linear_int8_tile_emulation(const float* X, int64_t m, int64_t ldx, const PackedLinearI8& W, float* Y,
+                                int64_t ldy) {
+  CORELM_CHECK(W.isa == Isa::Amx, ValueError, "linear_int8_tile_emulation: weight packed for ", isa_name(W.isa),
+               ", not amx");
+  CORELM_CHECK(m >= 0 && ldx >= W.k && ldy >= W.n, ValueError, "linear_int8_tile_emulation: bad m/ldx/ldy");
+  check_packing(W);
+  if (m == 0) return;
+  run_packed(X, m, ldx, W, Y, ldy, quantize_rows_u8_scalar, amx_emulated::linear_int8_block);
+}
+
+namespace {
+
+void check_packing(const PackedLinearI8& W) {
+  const bool panels = W.isa != Isa::Reference;
+  const int64_t expected = panels ? blocks(W.n, kInt8Panel) * kInt8Panel * W.k_padded : W.n * W.k;
+  CORELM_CHECK(static_cast<int64_t>(W.data.size()) == expected && W.k_padded == padded_k(W.isa, W.k) &&
                    static_cast<int64_t>(W.scale.size()) == W.n && static_cast<int64_t>(W.row_sum.size()) == W.n &&
                    (W.bias.empty() || static_cast<int64_t>(W.bias.size()) == W.n),
                ValueError, "linear_int8: packed weight is inconsistent (", W.data.size(), " values, ",
                W.scale.size(), " scales, ", W.row_sum.size(), " row sums, ", W.bias.size(), " biases; expected ",
                expected, " values for n=", W.n, " k=", W.k, " packed for ", isa_name(W.isa), ")");
-  if (m == 0) return;
-  CORELM_CHECK(X != nullptr && Y != nullptr, ValueError, "linear_int8: null input or output pointer");
-  if (vnni) return run_vnni(X, m, ldx, W, Y, ldy);
-  reference::linear_int8(X, m, ldx, W, Y, ldy);
 }
+
+}  // namespace
 
 double int8_dot_peak_gops(double seconds) {
   if (!has_vnni_path(active_isa())) return 0.0;
