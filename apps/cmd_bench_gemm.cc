@@ -140,6 +140,7 @@ void run(const GemmBenchArgs& a) {
   const auto shapes = a.shapes.empty() ? default_shapes(a.preset) : parse_shapes(a.shapes);
   const double fp32_peak = kernels::fp32_fma_peak_gflops(0.3), bf16_peak = kernels::bf16_dot_peak_gflops(0.3);
   const double int8_peak = kernels::int8_dot_peak_gops(0.3);
+  const double amx_bf16_peak = kernels::amx_bf16_peak_gflops(0.3), amx_int8_peak = kernels::amx_int8_peak_gops(0.3);
 
   // Per-call floor: the cost of a 1x1x1 product, i.e. dispatch and call overhead alone.
   float one = 1.0f, out = 0.0f;
@@ -168,7 +169,11 @@ void run(const GemmBenchArgs& a) {
       kernels::linear_int8(X.data(), s.M, s.K, packed_i8, Y.data(), s.N);
     });
     const double g_f32 = flops / t_f32 * 1e-9, g_bf16 = flops / t_bf16 * 1e-9, g_int8 = flops / t_int8 * 1e-9;
-    const double bf16_ref_peak = bf16_peak > 0 ? bf16_peak : fp32_peak;
+    // Each kernel is measured against the peak of the instruction it runs on.
+    const double bf16_ref_peak = packed.isa == Isa::Amx ? amx_bf16_peak
+                                 : packed.isa == Isa::Avx512Bf16 && bf16_peak > 0 ? bf16_peak
+                                                                                  : fp32_peak;
+    const double int8_ref_peak = packed_i8.isa == Isa::Amx ? amx_int8_peak : int8_peak;
     results.push_back({{"name", s.name},
                        {"M", s.M},
                        {"K", s.K},
@@ -183,7 +188,7 @@ void run(const GemmBenchArgs& a) {
                        {"weight_bytes_bf16", s.N * s.K * 2},
                        {"linear_int8_isa", isa_name(packed_i8.isa)},
                        {"linear_int8_gops", g_int8},
-                       {"linear_int8_pct_peak", int8_peak > 0 ? 100 * g_int8 / int8_peak : 0.0},
+                       {"linear_int8_pct_peak", int8_ref_peak > 0 ? 100 * g_int8 / int8_ref_peak : 0.0},
                        {"linear_int8_us", t_int8 * 1e6},
                        {"weight_bytes_int8", static_cast<int64_t>(packed_i8.bytes())}});
   }
@@ -202,6 +207,8 @@ void run(const GemmBenchArgs& a) {
                            {"peak_fp32_gflops", fp32_peak},
                            {"peak_bf16_gflops", bf16_peak},
                            {"peak_int8_gops", int8_peak},
+                           {"peak_amx_bf16_gflops", amx_bf16_peak},
+                           {"peak_amx_int8_gops", amx_int8_peak},
                            {"call_floor_ns",
                             {{"gemm_f32", gemm_floor * 1e9}, {"linear_bf16", linear_floor * 1e9},
                              {"linear_int8", int8_floor * 1e9}}},
@@ -214,6 +221,8 @@ void run(const GemmBenchArgs& a) {
   }
   std::printf("isa %s, %d thread(s); peaks: fp32 FMA %.1f GFLOP/s, bf16 vdpbf16ps %.1f GFLOP/s, int8 vpdpbusd %.1f "
               "GOP/s\n", isa_name(active_isa()), a.threads, fp32_peak, bf16_peak, int8_peak);
+  if (amx_bf16_peak > 0)
+    std::printf("AMX tile peaks: tdpbf16ps %.1f GFLOP/s, tdpbusd %.1f GOP/s\n", amx_bf16_peak, amx_int8_peak);
   std::printf("per-call floor: gemm_f32 %.0f ns, linear_bf16 %.0f ns, linear_int8 %.0f ns\n", gemm_floor * 1e9,
               linear_floor * 1e9, int8_floor * 1e9);
   const bool dnn = results.size() && results[0].contains("onednn_bf16_gflops");

@@ -57,5 +57,8 @@ void linear_bf16(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, 
 // active_isa() >= Avx512Bf16). A multiply-add counts as 2 flops.
 double fp32_fma_peak_gflops(double seconds);
 double bf16_dot_peak_gflops(double seconds);
+// AMX tile peaks (tdpbf16ps GFLOP/s, tdpbusd GOP/s); 0 unless active_isa() is Amx.
+double amx_bf16_peak_gflops(double seconds);
+double amx_int8_peak_gops(double seconds);
 
 }  // namespace corelm::kernels

@@ -156,6 +156,16 @@ double bf16_dot_peak_gflops(double seconds) {
   return best_gflops(seconds, kPeakChains * 16 * 4, avx512_bf16::dpbf16_peak_loop);
 }
 
+double amx_bf16_peak_gflops(double seconds) {
+  if (active_isa() != Isa::Amx) return 0.0;
+  return best_gflops(seconds, amx::kAmxPeakTiles * 16.0 * 16 * 32 * 2, [](int64_t n) { return amx::tile_peak_loop(n, false); });
+}
+
+double amx_int8_peak_gops(double seconds) {
+  if (active_isa() != Isa::Amx) return 0.0;
+  return best_gflops(seconds, amx::kAmxPeakTiles * 16.0 * 16 * 64 * 2, [](int64_t n) { return amx::tile_peak_loop(n, true); });
+}
+
 void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   CORELM_CHECK(M >= 0 && N >= 0 && K >= 0, ValueError, "gemm_f32: negative size M=", M, " N=", N, " K=", K);

@@ -91,6 +91,9 @@ void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0
 // multiple of kAmxKBf16; `xbuf` as for the other paths (rows are zero-padded to 16 inside).
 inline constexpr int64_t kAmxKBf16 = 32;
 namespace amx {
+// `iters` rounds of 4 independent tdpbf16ps (int8: tdpbusd) on 16 x 64-byte tiles.
+inline constexpr int kAmxPeakTiles = 4;
+float tile_peak_loop(int64_t iters, bool int8);
 void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
                        bool x_ready);
 }  // namespace amx

@@ -89,3 +89,38 @@ void linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64_t p0
 }
 
 }  // namespace corelm::kernels::amx
+
+namespace corelm::kernels::amx {
+
+// Peak probes for `corelm bench gemm`: four independent accumulator tiles, operands loaded once.
+float tile_peak_loop(int64_t iters, bool int8) {
+  alignas(64) static const uint8_t operand[kTileRows * kTileBytes] = {};
+  alignas(64) float out[kTileRows * 16];
+  HardwareTiles::configure();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, kTileBytes);
+  _tile_loadd(5, operand, kTileBytes);
+  _tile_loadd(6, operand, kTileBytes);
+  _tile_loadd(7, operand, kTileBytes);
+  for (int64_t i = 0; i < iters; ++i) {
+    if (int8) {
+      _tile_dpbusd(0, 4, 6);
+      _tile_dpbusd(1, 4, 7);
+      _tile_dpbusd(2, 5, 6);
+      _tile_dpbusd(3, 5, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, out, 64);
+  HardwareTiles::release();
+  return out[0];
+}
+
+}  // namespace corelm::kernels::amx
