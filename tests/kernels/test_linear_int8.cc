@@ -37,9 +37,7 @@ void check_against_fp32(int64_t m, int64_t n, int64_t k, bool with_bias, int64_t
   auto Y = random_floats(m * ldy, seed + 3);
   const auto Y0 = Y;
   const auto packed = pack_linear_int8(W.data(), n, k, ldw, with_bias ? bias.data() : nullptr);
-  const Isa expected = active_isa() == Isa::Amx ? Isa::Amx
-                       : static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx512Bf16) ? Isa::Avx512Bf16
-                                                                                               : Isa::Reference;
+  const Isa expected = active_isa() == Isa::Avx512 ? Isa::Avx2 : active_isa();  // AVX-512F uses the AVX2 kernel
   ASSERT_EQ(packed.isa, expected);
   linear_int8(X.data(), m, ldx, packed, Y.data(), ldy);
   for (int64_t i = 0; i < m; ++i) {
@@ -165,26 +163,44 @@ TEST_P(LinearInt8, BadInputsAreErrors) {
   }
 }
 
-TEST(LinearInt8Packing, VnniMatchesReferenceBitwise) {
-  if (!has_vnni()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI (avx512_bf16 path)";
+class LinearInt8Kernel : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(LinearInt8Kernel, MatchesReferenceBitwise) {
+  const Isa kernel = GetParam();
+  if (static_cast<int>(detected_isa()) < static_cast<int>(kernel)) GTEST_SKIP() << "this CPU lacks " << isa_name(kernel);
   const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 16, 41};
   uint64_t seed = 100;
-  for (int64_t n : {1, 15, 64, 65, 200, 513})
+  for (int64_t n : {1, 7, 15, 64, 65, 200, 513})
     for (int64_t k : {1, 3, 4, 7, 64, 130, 513}) {
       const int64_t m = ms[seed % 9];
       const auto W = random_floats(n * k, seed, 0.05f), X = random_floats(m * k, seed + 1, 3.0f);
       const auto bias = random_floats(n, seed + 2);
       const float* b = seed % 2 ? bias.data() : nullptr;
       const auto ref = pack_linear_int8(W.data(), n, k, k, b, Isa::Reference);
-      const auto vnni = pack_linear_int8(W.data(), n, k, k, b, Isa::Avx512Bf16);
-      ASSERT_EQ(ref.row_sum, vnni.row_sum);
-      ASSERT_EQ(ref.scale, vnni.scale);
+      const auto fast = pack_linear_int8(W.data(), n, k, k, b, kernel);
+      ASSERT_EQ(fast.isa, kernel);
+      ASSERT_EQ(ref.row_sum, fast.row_sum);
+      ASSERT_EQ(ref.scale, fast.scale);
       std::vector<float> want(m * n), got(m * n);
       linear_int8(X.data(), m, k, ref, want.data(), n);
-      linear_int8(X.data(), m, k, vnni, got.data(), n);
+      linear_int8(X.data(), m, k, fast, got.data(), n);
       ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << "m=" << m << " n=" << n << " k=" << k;
       ++seed;
     }
+  // Every value at +-max quantizes to +-127: the largest partial sums any kernel forms (2 * 127 *
+  // 127 per pair: a saturating 16-bit pair sum of the u8 = q + 128 form would clip here).
+  const int64_t m = 5, n = 70, k = 96;
+  std::vector<float> W(n * k), X(m * k);
+  for (size_t i = 0; i < W.size(); ++i) W[i] = (i * 7919 % 3) ? 1.0f : -1.0f;
+  for (size_t i = 0; i < X.size(); ++i) X[i] = (i * 104729 % 5) < 2 ? -2.0f : 2.0f;
+  for (int64_t j = 0; j < k; ++j) W[j] = 1.0f, X[j] = 2.0f;  // row 0 x column 0: every product +127 * 127
+  const auto ref = pack_linear_int8(W.data(), n, k, k, nullptr, Isa::Reference);
+  const auto fast = pack_linear_int8(W.data(), n, k, k, nullptr, kernel);
+  std::vector<float> want(m * n), got(m * n);
+  linear_int8(X.data(), m, k, ref, want.data(), n);
+  linear_int8(X.data(), m, k, fast, got.data(), n);
+  EXPECT_FLOAT_EQ(want[0], float(k) * 2.0f);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << "extreme values";
 }
 
 TEST(LinearInt8Packing, MismatchedPackingIsAnError) {
@@ -194,8 +210,11 @@ TEST(LinearInt8Packing, MismatchedPackingIsAnError) {
   auto relabeled = pack_linear_int8(W.data(), n, k, k, nullptr, Isa::Reference);
   relabeled.isa = has_vnni() ? Isa::Avx512Bf16 : Isa::Amx;  // wrong layout / no int8 kernel
   EXPECT_THROW(linear_int8(X.data(), 1, k, relabeled, Y.data(), n), ValueError);
-  EXPECT_THROW(pack_linear_int8(W.data(), n, k, k, nullptr, Isa::Avx2), ValueError);  // no int8 kernel there
+  EXPECT_THROW(pack_linear_int8(W.data(), n, k, k, nullptr, Isa::Avx512), ValueError);  // no int8 kernel of its own
 }
+
+INSTANTIATE_TEST_SUITE_P(FastKernels, LinearInt8Kernel, ::testing::Values(Isa::Avx2, Isa::Avx512Bf16, Isa::Amx),
+                         isa_param_name);
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, LinearInt8, ::testing::ValuesIn(isa_paths()), isa_param_name);
 

@@ -18,7 +18,7 @@ namespace corelm::kernels {
 struct PackedLinearI8 {
   int64_t n = 0, k = 0;        // out_features, in_features
   int64_t k_padded = 0;        // k rounded up as the layout needs (zero weights in the padding)
-  Isa isa = Isa::Reference;    // the kernel it was packed for: Reference or Avx512Bf16 (VNNI)
+  Isa isa = Isa::Reference;    // the kernel it was packed for: Reference, Avx2, Avx512Bf16 (VNNI) or Amx
   std::vector<int8_t> data;    // quantized weights in the kernel's private layout
   std::vector<float> scale;    // per output row: max|w| / 127 (0 for an all-zero row)
   std::vector<int32_t> row_sum;  // per output row: sum of its int8 weights (u8 offset compensation)
@@ -29,10 +29,12 @@ struct PackedLinearI8 {
 };
 
 // Quantizes W (row-major [n, k], row stride ldw) per output row and packs it for the int8 kernel
-// of active_isa(): VNNI when active_isa() >= Avx512Bf16, else the reference. `bias` may be null.
+// of active_isa(): AMX tiles on Amx, VNNI on Avx512Bf16, vpmaddubsw on Avx2/Avx512, else the
+// reference. `bias` may be null.
 // ValueError for n < 1, k < 1, k > kMaxLinearInt8K, ldw < k, a null W or a non-finite weight.
 PackedLinearI8 pack_linear_int8(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias);
-// The same for an explicit kernel (Reference or Avx512Bf16); ValueError if this CPU lacks it.
+// The same for an explicit kernel (Reference, Avx2, Avx512Bf16 or Amx); ValueError if this CPU
+// lacks it or it is not an int8 kernel (Avx512).
 PackedLinearI8 pack_linear_int8(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias, Isa kernel);
 
 // u8 x s8 products of a row sum to at most k * 255 * 127, which must fit an int32.
@@ -80,6 +82,11 @@ void quantize_rows_u8(const float* X, int64_t m, int64_t ldx, int64_t k, int64_t
 void linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
 float dpbusd_peak_loop(int64_t iters);
 }  // namespace avx512_bf16
+
+namespace avx2 {
+// vpmaddubsw / vpmaddwd on the VNNI layout (avx2/linear_int8.cc); a.xq as for VNNI (u8 = q + 128).
+void linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+}  // namespace avx2
 
 // AMX tdpbusd (amx_tile_kernels.h): the VNNI panel layout with kp padded to a multiple of
 // kAmxKInt8; a.xq must hold the call's rows padded to a multiple of 16 rows (any bytes there).

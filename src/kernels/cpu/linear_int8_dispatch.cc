@@ -24,12 +24,21 @@ int64_t blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
 bool has_vnni_path(Isa isa) { return static_cast<int>(isa) >= static_cast<int>(Isa::Avx512Bf16); }
 
-// The int8 kernel of this CPU's best path: AMX tiles, VNNI, or the scalar reference.
-Isa int8_kernel_for(Isa isa) { return isa == Isa::Amx ? Isa::Amx : has_vnni_path(isa) ? Isa::Avx512Bf16 : Isa::Reference; }
+// The int8 kernel of a path: AMX tiles, VNNI, vpmaddubsw (AVX2, also on AVX-512 without VNNI), or
+// the scalar reference.
+Isa int8_kernel_for(Isa isa) {
+  switch (isa) {
+    case Isa::Amx: return Isa::Amx;
+    case Isa::Avx512Bf16: return Isa::Avx512Bf16;
+    case Isa::Avx512:
+    case Isa::Avx2: return Isa::Avx2;
+    default: return Isa::Reference;
+  }
+}
 
-// K as the packed layout stores it: whole tiles of 64 for AMX, groups of 4 for VNNI.
+// K as the packed layout stores it: whole tiles of 64 for AMX, groups of 4 for VNNI and AVX2.
 int64_t padded_k(Isa kernel, int64_t k) {
-  const int64_t unit = kernel == Isa::Amx ? kAmxKInt8 : kernel == Isa::Avx512Bf16 ? 4 : 1;
+  const int64_t unit = kernel == Isa::Amx ? kAmxKInt8 : kernel == Isa::Reference ? 1 : 4;
   return (k + unit - 1) / unit * unit;
 }
 
@@ -40,7 +49,8 @@ using Int8BlockFn = void (*)(const LinearI8Args&, int64_t m0, int64_t m1, int64_
 // reference::quantize_row_int8 in the u8 form (q + 128, padding 128) the vector kernels take.
 void quantize_rows_u8_scalar(const float* X, int64_t m, int64_t ldx, int64_t k, int64_t kp, uint8_t* xq,
                              float* xscale) {
-  std::vector<int8_t> q(static_cast<size_t>(k));
+  thread_local std::vector<int8_t> q;
+  q.resize(static_cast<size_t>(k));
   for (int64_t i = 0; i < m; ++i) {
     xscale[i] = reference::quantize_row_int8(X + i * ldx, k, q.data());
     for (int64_t t = 0; t < kp; ++t) xq[i * kp + t] = static_cast<uint8_t>((t < k ? q[t] : 0) + 128);
@@ -107,8 +117,8 @@ PackedLinearI8 pack_linear_int8(const float* W, int64_t n, int64_t k, int64_t ld
 
 PackedLinearI8 pack_linear_int8_any_cpu(const float* W, int64_t n, int64_t k, int64_t ldw, const float* bias,
                                         Isa kernel) {
-  CORELM_CHECK(kernel == Isa::Reference || kernel == Isa::Avx512Bf16 || kernel == Isa::Amx, ValueError,
-               "pack_linear_int8: kernel ", isa_name(kernel), " has no int8 linear (use reference, avx512_bf16 or amx)");
+  CORELM_CHECK(int8_kernel_for(kernel) == kernel, ValueError, "pack_linear_int8: kernel ", isa_name(kernel),
+               " has no int8 linear (use reference, avx2, avx512_bf16 or amx)");
   CORELM_CHECK(n >= 1 && k >= 1, ValueError, "pack_linear_int8: need n >= 1 and k >= 1, got n=", n, " k=", k);
   CORELM_CHECK(k <= kMaxLinearInt8K, ValueError, "pack_linear_int8: k=", k, " exceeds ", kMaxLinearInt8K,
                " (int32 accumulators could overflow)");
@@ -124,7 +134,8 @@ PackedLinearI8 pack_linear_int8_any_cpu(const float* W, int64_t n, int64_t k, in
   if (bias) p.bias.assign(bias, bias + n);
   const int64_t panels = blocks(n, kInt8Panel);
   p.data.assign(static_cast<size_t>(kernel == Isa::Reference ? n * k : panels * kInt8Panel * p.k_padded), 0);
-  std::vector<int8_t> q(static_cast<size_t>(k));
+  thread_local std::vector<int8_t> q;
+  q.resize(static_cast<size_t>(k));
   for (int64_t j = 0; j < n; ++j) {
     p.scale[j] = reference::quantize_row_int8(W + j * ldw, k, q.data());
     CORELM_CHECK(!std::isnan(p.scale[j]), ValueError, "pack_linear_int8: weight row ", j,
@@ -149,14 +160,14 @@ void linear_int8(const float* X, int64_t m, int64_t ldx, const PackedLinearI8& W
                " are smaller than the weight's in_features=", W.k, " / out_features=", W.n);
   CORELM_CHECK(static_cast<int>(W.isa) <= static_cast<int>(detected_isa()), ValueError,
                "linear_int8: weight packed for ", isa_name(W.isa), " which this CPU does not support");
-  CORELM_CHECK(W.isa == Isa::Reference || W.isa == Isa::Avx512Bf16 || W.isa == Isa::Amx, ValueError,
-               "linear_int8: no kernel for packing ", isa_name(W.isa));
+  CORELM_CHECK(int8_kernel_for(W.isa) == W.isa, ValueError, "linear_int8: no kernel for packing ", isa_name(W.isa));
   check_packing(W);
   if (m == 0) return;
   CORELM_CHECK(X != nullptr && Y != nullptr, ValueError, "linear_int8: null input or output pointer");
   if (W.isa == Isa::Amx) return run_packed(X, m, ldx, W, Y, ldy, avx512_bf16::quantize_rows_u8, amx::linear_int8_block);
   if (W.isa == Isa::Avx512Bf16)
     return run_packed(X, m, ldx, W, Y, ldy, avx512_bf16::quantize_rows_u8, avx512_bf16::linear_int8_block);
+  if (W.isa == Isa::Avx2) return run_packed(X, m, ldx, W, Y, ldy, quantize_rows_u8_scalar, avx2::linear_int8_block);
   reference::linear_int8(X, m, ldx, W, Y, ldy);
 }
 
