@@ -27,6 +27,24 @@ inline model::ModelConfig small_decoder_config(bool qwen2, double init_range) {
   return c;
 }
 
+// A 2-layer GQA llama (hidden 64, context 64, tied embeddings) over `vocab` tokens: small enough
+// for whole generation runs in a unit test. Pass an `init_range` above HF's 0.02 where greedy
+// comparisons need well separated logits (no near-ties).
+inline model::ModelConfig tiny_decoder_config(int64_t vocab, double init_range) {
+  model::ModelConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 64;
+  c.tie_word_embeddings = true;
+  c.initializer_range = init_range;
+  return c;
+}
+
 inline Tensor ids_of(const std::vector<int64_t>& v, int64_t B, int64_t T) { return Tensor::from_vector(v, {B, T}); }
 
 }  // namespace corelm::testing

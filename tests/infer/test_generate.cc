@@ -18,7 +18,8 @@
 #include "corelm/model.h"
 #include "corelm/model_dir.h"
 #include "corelm/tokenizer.h"
-#include "corelm/tokenizer_train.h"
+#include "common/generate_fixtures.h"
+#include "common/model_factories.h"
 
 namespace corelm::infer {
 namespace {
@@ -30,44 +31,19 @@ constexpr uint64_t kWeightSeed = 1234;
 // A few kilobytes of pseudo-text with multi-byte characters, so the tokenizer learns merges and the
 // byte-level model can produce incomplete characters.
 std::string training_text() {
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "café", "naïve", "日本", "語", "über", "and", "dog", "ran"};
-  std::string text;
-  uint64_t x = 88172645463325252ull;
-  for (int i = 0; i < 3000; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    text += words[x % (sizeof(words) / sizeof(words[0]))];
-    text += (i % 11 == 10) ? ".\n" : " ";
-  }
-  return text;
+  const std::vector<std::string> words = {"the",   "cat", "sat", "on", "a",    "mat", "café",
+                                          "naïve", "日本", "語",  "über", "and", "dog", "ran"};
+  return testing::pseudo_text(words, 88172645463325252ull, 3000, 11);
 }
 
-model::ModelConfig small_config(int64_t vocab) {
-  model::ModelConfig c;
-  c.vocab_size = vocab;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.max_position_embeddings = 64;
-  c.tie_word_embeddings = true;
-  // Larger than HF's 0.02 so the random model's logits are well separated (no near-ties for
-  // greedy comparisons).
-  c.initializer_range = 0.2;
-  return c;
-}
+model::ModelConfig small_config(int64_t vocab) { return testing::tiny_decoder_config(vocab, 0.2); }
 
 class GenerateTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     fs::path dir = fs::temp_directory_path() / ("corelm_infer_test_" + std::to_string(::getpid()));
     fs::create_directories(dir);
-    std::ofstream(dir / "corpus.txt", std::ios::binary) << training_text();
-    BpeTrainOptions opt;
-    opt.vocab_size = 300;
-    train_bpe({(dir / "corpus.txt").string()}, opt, (dir / "tokenizer.json").string());
-    tokenizer_ = Tokenizer::load((dir / "tokenizer.json").string()).release();
+    tokenizer_ = testing::train_small_bpe(dir, training_text(), 300).release();
     std::ifstream in(dir / "tokenizer.json", std::ios::binary);
     tokenizer_json_ = new std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     fs::remove_all(dir);
@@ -86,13 +62,7 @@ class GenerateTest : public ::testing::Test {
   }
   static std::unique_ptr<model::Decoder> make_model() { return make_model(small_config(tokenizer_->vocab_size())); }
 
-  static GenerateOptions greedy(int64_t n) {
-    GenerateOptions o;
-    o.max_new_tokens = n;
-    o.sampling.greedy = true;
-    o.stop_at_eos = false;
-    return o;
-  }
+  static GenerateOptions greedy(int64_t n) { return testing::greedy_options(n); }
 
   static std::vector<TokenId> ids(const std::string& text) { return tokenizer_->encode(text); }
 

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -17,7 +16,8 @@
 #include "corelm/generate.h"
 #include "corelm/model.h"
 #include "corelm/tokenizer.h"
-#include "corelm/tokenizer_train.h"
+#include "common/generate_fixtures.h"
+#include "common/model_factories.h"
 
 namespace corelm::infer {
 namespace {
@@ -27,36 +27,14 @@ namespace fs = std::filesystem;
 std::unique_ptr<Tokenizer> small_tokenizer() {
   const fs::path dir = fs::temp_directory_path() / ("corelm_argmax_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  {
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "home"};
-    std::ofstream out(dir / "corpus.txt", std::ios::binary);
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; i < 2000; ++i) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      out << words[x % (sizeof(words) / sizeof(words[0]))] << ((i % 9 == 8) ? ".\n" : " ");
-    }
-  }
-  BpeTrainOptions opt;
-  opt.vocab_size = 300;
-  train_bpe({(dir / "corpus.txt").string()}, opt, (dir / "tokenizer.json").string());
-  auto tok = Tokenizer::load((dir / "tokenizer.json").string());
+  const std::string text = testing::pseudo_text(
+      {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "home"}, 88172645463325252ull, 2000, 9);
+  auto tok = testing::train_small_bpe(dir, text, 300);
   fs::remove_all(dir);
   return tok;
 }
 
-model::ModelConfig config(int64_t vocab) {
-  model::ModelConfig c;
-  c.vocab_size = vocab;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.max_position_embeddings = 64;
-  c.initializer_range = 0.2;
-  return c;
-}
+model::ModelConfig config(int64_t vocab) { return testing::tiny_decoder_config(vocab, 0.2); }
 
 // The old decode path, one prompt alone: Logits::Last every step, argmax over [0, allowed).
 std::vector<TokenId> plain_greedy(const model::Decoder& d, const std::vector<TokenId>& prompt, int64_t n,

@@ -18,7 +18,8 @@
 #include "corelm/model_dir.h"
 #include "corelm/model_loader.h"
 #include "corelm/tokenizer.h"
-#include "corelm/tokenizer_train.h"
+#include "common/generate_fixtures.h"
+#include "common/model_factories.h"
 
 namespace corelm::infer {
 namespace {
@@ -26,30 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string training_text() {
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "home"};
-  std::string text;
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (int i = 0; i < 1500; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    text += words[x % (sizeof(words) / sizeof(words[0]))];
-    text += (i % 9 == 8) ? ".\n" : " ";
-  }
-  return text;
-}
-
-model::ModelConfig small_config(int64_t vocab) {
-  model::ModelConfig c;
-  c.vocab_size = vocab;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.max_position_embeddings = 64;
-  c.tie_word_embeddings = true;
-  c.initializer_range = 0.2;  // well separated logits: no near-ties in the greedy runs
-  return c;
+  return testing::pseudo_text({"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "home"},
+                              0x9E3779B97F4A7C15ull, 1500, 9);
 }
 
 // A saved model directory (config.json, model.safetensors, tokenizer.json) in a fresh temp dir.
@@ -59,12 +38,9 @@ class GenerateEosTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("corelm_eos_test_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    std::ofstream(dir_ / "corpus.txt", std::ios::binary) << training_text();
-    BpeTrainOptions opt;
-    opt.vocab_size = 280;
-    train_bpe({(dir_ / "corpus.txt").string()}, opt, (dir_ / "tokenizer.json").string());
-    tokenizer_ = Tokenizer::load((dir_ / "tokenizer.json").string());
-    model::Decoder decoder(small_config(static_cast<int64_t>(tokenizer_->vocab_size())));
+    tokenizer_ = testing::train_small_bpe(dir_, training_text(), 280);
+    // 0.2: well separated logits, no near-ties in the greedy runs.
+    model::Decoder decoder(testing::tiny_decoder_config(static_cast<int64_t>(tokenizer_->vocab_size()), 0.2));
     decoder.init_weights(77);
     model::save_model_dir(dir_.string(), decoder);
   }
@@ -73,12 +49,8 @@ class GenerateEosTest : public ::testing::Test {
   void write_generation_config(const std::string& eos_json) {
     std::ofstream(dir_ / "generation_config.json") << "{\"eos_token_id\": " << eos_json << "}\n";
   }
-  static GenerateOptions greedy(int64_t n) {
-    GenerateOptions o;
-    o.max_new_tokens = n;
-    o.sampling.greedy = true;
-    return o;
-  }
+  // Stops at eos unless a test says otherwise, as `corelm generate` does.
+  static GenerateOptions greedy(int64_t n) { return testing::greedy_options(n, /*stop_at_eos=*/true); }
 
   fs::path dir_;
   std::unique_ptr<Tokenizer> tokenizer_;

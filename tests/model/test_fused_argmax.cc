@@ -13,6 +13,7 @@
 #include "corelm/error.h"
 #include "corelm/model.h"
 #include "corelm/thread_pool.h"
+#include "common/model_factories.h"
 #include "model/fast_forward.h"
 
 namespace corelm::model {
@@ -22,17 +23,8 @@ namespace {
 constexpr int64_t kVocab = 2 * kLmHeadBlock + 551;
 
 ModelConfig config(bool tied) {
-  ModelConfig c;
-  c.vocab_size = kVocab;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.max_position_embeddings = 64;
+  ModelConfig c = testing::tiny_decoder_config(kVocab, 0.1);
   c.tie_word_embeddings = tied;
-  c.initializer_range = 0.1;
   return c;
 }
 

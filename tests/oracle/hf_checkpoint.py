@@ -17,20 +17,10 @@ Usage: hf_checkpoint.py OUT.json
 import json
 import os
 import shutil
-import sys
-import time
 
-from oracle_fixture import NO_TORCH_EXIT, import_torch, write_json
-
-torch = import_torch()
-try:
-    import transformers
-    from safetensors.torch import load_file, save_file
-except ImportError as e:
-    print(f"transformers/safetensors not importable ({e}): run scripts/setup --test", file=sys.stderr)
-    sys.exit(NO_TORCH_EXIT)
-
-from hf_model import publish  # noqa: E402  (same temp-folder-then-rename publishing)
+from oracle_fixture import write_json
+from hf_oracle import StagedFixture, random_causal_lm, torch, transformers
+from safetensors.torch import load_file, save_file
 
 # name -> (architecture, config fields, torch dtype of the saved weights)
 CASES = {
@@ -52,22 +42,7 @@ CASES = {
         tie_word_embeddings=False), "bfloat16"),
 }
 BATCH, SEQ = 2, 19
-
-
-def build(arch, fields, seed):
-    torch.manual_seed(seed)
-    cls = {"LlamaForCausalLM": transformers.LlamaConfig, "Qwen2ForCausalLM": transformers.Qwen2Config}[arch]
-    config = cls(hidden_act="silu", torch_dtype="float32", **fields)
-    model = getattr(transformers, arch)._from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
-    with torch.no_grad():  # every parameter random (norms and biases too), so each one matters
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(0.08 * torch.randn_like(p))
-    return model.eval()
+WEIGHT_STD = 0.08  # larger than HF's 0.02, so attention is far from uniform
 
 
 def reload_logits(folder, arch, ids, dtype):
@@ -89,16 +64,11 @@ def broken_copy(src, dst, edit):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    started = time.time()
-    out = os.path.abspath(sys.argv[1])
-    root = os.path.splitext(out)[0]
-    tmp_root = f"{root}.tmp.{os.getpid()}"
-    shutil.rmtree(tmp_root, ignore_errors=True)
+    stage = StagedFixture(__doc__)
+    root, tmp_root = stage.root, stage.tmp_root
     cases = []
     for i, (name, (arch, fields, dtype)) in enumerate(CASES.items()):
-        model = build(arch, fields, 3000 + i)
+        model = random_causal_lm(arch, fields, 3000 + i, WEIGHT_STD)
         folder = os.path.join(tmp_root, name)
         if dtype == "bfloat16":
             model = model.to(torch.bfloat16)
@@ -119,8 +89,8 @@ def main():
     broken_copy(src, os.path.join(tmp_root, "extra"),
                 lambda t: t.__setitem__("model.layers.0.mlp.extra_proj.weight", torch.zeros(4, 4)))
     write_json(os.path.join(tmp_root, "cases.json"), {"cases": cases})
-    publish(tmp_root, root, started)
-    write_json(out, {"cases": cases, "missing": os.path.join(root, "missing"), "extra": os.path.join(root, "extra"),
+    stage.publish()
+    write_json(stage.out, {"cases": cases, "missing": os.path.join(root, "missing"), "extra": os.path.join(root, "extra"),
                      "transformers": transformers.__version__, "torch": torch.__version__})
 
 

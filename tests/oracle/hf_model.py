@@ -15,19 +15,10 @@ Exits 77 (skip) when torch or transformers is missing.
 Usage: hf_model.py OUT.json
 """
 import os
-import shutil
-import sys
-import time
 
-from oracle_fixture import NO_TORCH_EXIT, import_torch, write_json
-
-torch = import_torch()
-try:
-    import transformers
-    from safetensors.torch import save_file
-except ImportError as e:
-    print(f"transformers/safetensors not importable ({e}): run scripts/setup --test", file=sys.stderr)
-    sys.exit(NO_TORCH_EXIT)
+from oracle_fixture import write_json
+from hf_oracle import StagedFixture, random_causal_lm, torch, transformers
+from safetensors.torch import save_file
 
 # name -> (architecture, config fields, batch, seq). "llama" is the real `tiny` preset shape.
 CASES = {
@@ -52,64 +43,12 @@ CASES = {
 WEIGHT_STD = 0.08
 
 
-def build(arch, fields, seed):
-    torch.manual_seed(seed)
-    config_cls = {"LlamaForCausalLM": transformers.LlamaConfig, "Qwen2ForCausalLM": transformers.Qwen2Config}[arch]
-    config = config_cls(hidden_act="silu", initializer_range=WEIGHT_STD, torch_dtype="float32", **fields)
-    model = getattr(transformers, arch)._from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(WEIGHT_STD * torch.randn_like(p))
-    if fields["tie_word_embeddings"]:
-        assert model.lm_head.weight is model.model.embed_tokens.weight, "HF did not tie the embeddings"
-    return model.float().eval()
-
-
-def publish(tmp_root, root, started):
-    """Moves tmp_root to root. A root published by a run that began before this one is stale and
-    replaced; one published after this run started comes from a concurrent run of the same script
-    (identical, seeded content) and may be in use, so it is kept and ours dropped."""
-    with open(os.path.join(tmp_root, "published"), "w") as f:
-        f.write(repr(time.time()))
-    try:
-        with open(os.path.join(root, "published")) as f:
-            if float(f.read()) >= started:
-                shutil.rmtree(tmp_root, ignore_errors=True)
-                return
-    except (OSError, ValueError):
-        pass
-    old = f"{root}.old.{os.getpid()}"
-    try:
-        os.rename(root, old)
-    except FileNotFoundError:
-        old = None
-    try:
-        os.rename(tmp_root, root)
-    except OSError:
-        shutil.rmtree(tmp_root, ignore_errors=True)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    started = time.time()
-    out = os.path.abspath(sys.argv[1])
-    root = os.path.splitext(out)[0]
-    # Tests running in parallel may each regenerate the fixture; everything is written under a
-    # private temp folder first and then renamed into place (see publish), so no test ever reads
-    # a half-written file. The content is seeded, so whichever copy wins is the same.
-    tmp_root = f"{root}.tmp.{os.getpid()}"
-    shutil.rmtree(tmp_root, ignore_errors=True)
+    stage = StagedFixture(__doc__)
+    root, tmp_root = stage.root, stage.tmp_root
     cases = []
     for i, (name, (arch, fields, batch, seq)) in enumerate(CASES.items()):
-        model = build(arch, fields, 1000 + i)
+        model = random_causal_lm(arch, dict(fields, initializer_range=WEIGHT_STD), 1000 + i, WEIGHT_STD)
         folder = os.path.join(tmp_root, name)
         os.makedirs(folder, exist_ok=True)
         model.save_pretrained(folder, safe_serialization=True)
@@ -130,8 +69,8 @@ def main():
             "name": name, "folder": os.path.join(root, name), "architecture": arch, "ids": ids.tolist(),
             "parameters": [n for n, _ in model.named_parameters()],
         })
-    publish(tmp_root, root, started)
-    write_json(out, {"transformers": transformers.__version__, "torch": torch.__version__, "cases": cases})
+    stage.publish()
+    write_json(stage.out, {"transformers": transformers.__version__, "torch": torch.__version__, "cases": cases})
 
 
 if __name__ == "__main__":

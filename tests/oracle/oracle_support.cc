@@ -36,9 +36,11 @@ bool fixture_is_fresh(const fs::path& out, const fs::path& script) {
   std::error_code ec;
   if (!fs::exists(out, ec)) return false;
   const auto built = fs::last_write_time(out, ec);
-  for (const fs::path& dep : {script, script_dir() / "oracle_fixture.py"}) {
-    if (fs::last_write_time(dep, ec) > built) return false;
-  }
+  if (fs::last_write_time(script, ec) > built) return false;
+  // Scripts share helper modules (oracle_fixture.py, hf_oracle.py, ...): any newer Python file
+  // beside them may change the fixture, so it is rebuilt.
+  for (const auto& entry : fs::directory_iterator(script_dir(), ec))
+    if (entry.path().extension() == ".py" && fs::last_write_time(entry.path(), ec) > built) return false;
   return true;
 }
 
