@@ -5,6 +5,7 @@
 #include "corelm/autograd.h"
 #include "corelm/error.h"
 #include "corelm/optim.h"
+#include "kernels/cpu/vec_fast.h"
 
 namespace corelm::optim {
 namespace {
@@ -141,15 +142,16 @@ void AdamW::step() {
     const float* gd = g.data<float>();
     float* m = m_[i].data<float>();
     float* v = v_[i].data<float>();
-    const float decay = static_cast<float>(1.0 - lr * static_cast<double>(weight_decay_[i]));
-    const int64_t n = p.numel();
-    for (int64_t j = 0; j < n; ++j) {
-      w[j] *= decay;
-      m[j] = m[j] * beta1 + one_minus_b1 * gd[j];
-      v[j] = v[j] * beta2 + one_minus_b2 * gd[j] * gd[j];
-      const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
-      w[j] -= step_size * (m[j] / denom);
-    }
+    kernels::fast::AdamWScalars s;
+    s.decay = static_cast<float>(1.0 - lr * static_cast<double>(weight_decay_[i]));
+    s.beta1 = beta1;
+    s.one_minus_b1 = one_minus_b1;
+    s.beta2 = beta2;
+    s.one_minus_b2 = one_minus_b2;
+    s.bc2_sqrt = bc2_sqrt;
+    s.eps = eps;
+    s.step_size = step_size;
+    kernels::fast::adamw_update(w, gd, m, v, p.numel(), s);
   }
 }
 

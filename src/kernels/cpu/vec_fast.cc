@@ -73,4 +73,23 @@ void swiglu_backward(const float* gate, const float* up, const float* grad_y, fl
   });
 }
 
+void adamw_update_portable(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+  for (int64_t j = 0; j < n; ++j) {
+    w[j] *= s.decay;
+    m[j] = m[j] * s.beta1 + s.one_minus_b1 * g[j];
+    v[j] = v[j] * s.beta2 + s.one_minus_b2 * g[j] * g[j];
+    const float denom = std::sqrt(v[j]) / s.bc2_sqrt + s.eps;
+    w[j] -= s.step_size * (m[j] / denom);
+  }
+}
+
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+  parallel_for(n, kElementGrain * 4, [&](int64_t begin, int64_t end) {
+    if (use_avx512())
+      avx512::train_adamw_update(w + begin, g + begin, m + begin, v + begin, end - begin, s);
+    else
+      adamw_update_portable(w + begin, g + begin, m + begin, v + begin, end - begin, s);
+  });
+}
+
 }  // namespace corelm::kernels::fast

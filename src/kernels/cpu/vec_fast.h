@@ -27,6 +27,18 @@ void swiglu_forward(const float* gate, const float* up, float* y, int64_t n);
 void swiglu_backward(const float* gate, const float* up, const float* grad_y, float* grad_gate, float* grad_up,
                      int64_t n);
 
+// One AdamW step over n parameters (the update of optim::AdamW, in this order):
+//   w *= decay;  m = m * beta1 + one_minus_b1 * g;  v = v * beta2 + (one_minus_b2 * g) * g;
+//   w -= step_size * (m / (sqrt(v) / bc2_sqrt + eps))
+// Every operation is a separately rounded IEEE multiply, add, divide or square root (no FMA), so
+// all paths give the same bits and training results do not depend on the CPU. Split over the pool.
+struct AdamWScalars {
+  float decay = 1, beta1 = 0, one_minus_b1 = 1, beta2 = 0, one_minus_b2 = 1, bc2_sqrt = 1, eps = 0, step_size = 0;
+};
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s);
+// The portable loop of adamw_update (the contract the AVX-512 version is tested against).
+void adamw_update_portable(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s);
+
 }  // namespace corelm::kernels::fast
 
 // The AVX-512 implementations (compiled with AVX-512 flags; call only when active_isa() >= Avx512).
@@ -41,5 +53,6 @@ void train_softmax_backward_row(const float* p, const float* dp, float* ds, int6
 void train_swiglu_forward(const float* gate, const float* up, float* y, int64_t n);
 void train_swiglu_backward(const float* gate, const float* up, const float* grad_y, float* grad_gate, float* grad_up,
                            int64_t n);
+void train_adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const fast::AdamWScalars& s);
 
 }  // namespace corelm::kernels::avx512

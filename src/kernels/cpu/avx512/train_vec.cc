@@ -123,4 +123,29 @@ void train_swiglu_backward(const float* gate, const float* up, const float* grad
   }
 }
 
+void train_adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const fast::AdamWScalars& s) {
+  // The _round_ forms are separately rounded operations the compiler never contracts into FMAs.
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 decay = _mm512_set1_ps(s.decay), beta1 = _mm512_set1_ps(s.beta1), c1 = _mm512_set1_ps(s.one_minus_b1);
+  const __m512 beta2 = _mm512_set1_ps(s.beta2), c2 = _mm512_set1_ps(s.one_minus_b2);
+  const __m512 bc2 = _mm512_set1_ps(s.bc2_sqrt), eps = _mm512_set1_ps(s.eps), step = _mm512_set1_ps(s.step_size);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    const __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
+    __m512 wv = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(k, w + i), decay, kNearest);
+    const __m512 mv = _mm512_add_round_ps(_mm512_mul_round_ps(_mm512_maskz_loadu_ps(k, m + i), beta1, kNearest),
+                                          _mm512_mul_round_ps(c1, gv, kNearest), kNearest);
+    const __m512 vv = _mm512_add_round_ps(
+        _mm512_mul_round_ps(_mm512_maskz_loadu_ps(k, v + i), beta2, kNearest),
+        _mm512_mul_round_ps(_mm512_mul_round_ps(c2, gv, kNearest), gv, kNearest), kNearest);
+    const __m512 denom =
+        _mm512_add_round_ps(_mm512_div_round_ps(_mm512_sqrt_round_ps(vv, kNearest), bc2, kNearest), eps, kNearest);
+    wv = _mm512_sub_round_ps(wv, _mm512_mul_round_ps(step, _mm512_div_round_ps(mv, denom, kNearest), kNearest),
+                             kNearest);
+    _mm512_mask_storeu_ps(w + i, k, wv);
+    _mm512_mask_storeu_ps(m + i, k, mv);
+    _mm512_mask_storeu_ps(v + i, k, vv);
+  }
+}
+
 }  // namespace corelm::kernels::avx512
