@@ -3,6 +3,7 @@
 // runs), batched and batch-1 generated tokens/s (decode with the full LM head), training
 // tokens/s through the real trainer; plus an optional llama-bench-style grid (pp N / tg N by
 // batch and context depth). Every figure: one warm-up run, then repeats for >= --seconds.
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -30,6 +31,11 @@ struct BenchModelArgs {
   std::string preset = "tiny", precision = "bf16";
   int threads = 1;
   bool json = false, grid = false, no_train = false, pin_threads = false;
+  std::vector<std::string> only;  // empty: every figure
+  bool wants(const std::string& figure) const {
+    if (no_train && (figure == "train" || figure == "train_sampled")) return false;
+    return only.empty() || std::find(only.begin(), only.end(), figure) != only.end();
+  }
   double seconds = 1.0;
   uint64_t seed = 1;
   int64_t score_batch = 16, score_seq = 256, gen_batch = 16, gen_steps = 128;
@@ -174,13 +180,16 @@ void run(const BenchModelArgs& a) {
   Rate scored, generated, b1;
   {
     autograd::NoGradGuard no_grad;
-    scored = prefill_rate(d, a.score_batch, a.score_seq, 0, model::Logits::None, a.seconds, gen);
-    generated = decode_rate(d, a.gen_batch, a.gen_steps, 0, a.seconds, gen);
-    b1 = decode_rate(d, 1, a.gen_steps, 0, a.seconds, gen);
+    if (a.wants("scored")) scored = prefill_rate(d, a.score_batch, a.score_seq, 0, model::Logits::None, a.seconds, gen);
+    if (a.wants("generated")) generated = decode_rate(d, a.gen_batch, a.gen_steps, 0, a.seconds, gen);
+    if (a.wants("decode_b1")) b1 = decode_rate(d, 1, a.gen_steps, 0, a.seconds, gen);
   }
-  const double trained = a.no_train ? 0.0 : train_rate(config, a, "full");
-  const double trained_sampled = a.no_train ? 0.0 : train_rate(config, a, "sampled");
-  const auto train_figure = [&](double v) { return a.no_train ? nlohmann::ordered_json() : nlohmann::ordered_json(v); };
+  const double trained = a.wants("train") ? train_rate(config, a, "full") : 0.0;
+  const double trained_sampled = a.wants("train_sampled") ? train_rate(config, a, "sampled") : 0.0;
+  // A figure that was not measured is null in the JSON and "-" in the table.
+  const auto figure = [&](const char* name, double v) {
+    return a.wants(name) ? nlohmann::ordered_json(v) : nlohmann::ordered_json();
+  };
 
   const double flops_per_token = 2.0 * static_cast<double>(config.num_parameters(false));
   nlohmann::ordered_json r{{"preset", a.preset},
@@ -188,18 +197,20 @@ void run(const BenchModelArgs& a) {
                            {"threads", a.threads},
                            {"pin_threads", pin_threads()},
                            {"precision", model::precision_name(precision)},
-                           {"scored_tok_s", scored.wall},
+                           {"scored_tok_s", figure("scored", scored.wall)},
                            {"scored_shape", {a.score_batch, a.score_seq}},
-                           {"generated_tok_s", generated.wall},
+                           {"generated_tok_s", figure("generated", generated.wall)},
                            {"generated_batch", a.gen_batch},
                            {"generated_steps", a.gen_steps},
-                           {"decode_b1_tok_s", b1.wall},
-                           {"train_tok_s", train_figure(trained)},
-                           {"train_sampled_tok_s", train_figure(trained_sampled)},
+                           {"decode_b1_tok_s", figure("decode_b1", b1.wall)},
+                           {"train_tok_s", figure("train", trained)},
+                           {"train_sampled_tok_s", figure("train_sampled", trained_sampled)},
                            {"train_sampled_negatives", train::TrainOptions{}.sampled_negatives},
                            {"train_shape", {a.train_batch, a.train_seq}},
                            {"cpu_time_tok_s",
-                            {{"scored", scored.cpu}, {"generated", generated.cpu}, {"decode_b1", b1.cpu}}},
+                            {{"scored", figure("scored", scored.cpu)},
+                             {"generated", figure("generated", generated.cpu)},
+                             {"decode_b1", figure("decode_b1", b1.cpu)}}},
                            {"params", config.num_parameters(true)},
                            {"params_non_embedding", config.num_parameters(false)},
                            {"flops_per_token_no_head", flops_per_token},
@@ -225,15 +236,18 @@ void run(const BenchModelArgs& a) {
               static_cast<long long>(config.num_parameters(true)), model::precision_name(precision),
               isa_name(active_isa()), a.threads);
   std::printf("| measurement | shape | tok/s |\n|---|---|---:|\n");
-  std::printf("| scored (prefill, no LM head) | %lld x %lld | %.0f |\n", static_cast<long long>(a.score_batch),
-              static_cast<long long>(a.score_seq), scored.wall);
-  std::printf("| generated (batched decode, full LM head) | B=%lld, %lld steps | %.0f |\n",
-              static_cast<long long>(a.gen_batch), static_cast<long long>(a.gen_steps), generated.wall);
-  std::printf("| decode batch 1 | %lld steps | %.0f |\n", static_cast<long long>(a.gen_steps), b1.wall);
-  if (!a.no_train)
+  if (a.wants("scored"))
+    std::printf("| scored (prefill, no LM head) | %lld x %lld | %.0f |\n", static_cast<long long>(a.score_batch),
+                static_cast<long long>(a.score_seq), scored.wall);
+  if (a.wants("generated"))
+    std::printf("| generated (batched decode, full LM head) | B=%lld, %lld steps | %.0f |\n",
+                static_cast<long long>(a.gen_batch), static_cast<long long>(a.gen_steps), generated.wall);
+  if (a.wants("decode_b1"))
+    std::printf("| decode batch 1 | %lld steps | %.0f |\n", static_cast<long long>(a.gen_steps), b1.wall);
+  if (a.wants("train"))
     std::printf("| train (AdamW, full softmax) | %lld x %lld | %.0f |\n", static_cast<long long>(a.train_batch),
                 static_cast<long long>(a.train_seq), trained);
-  if (!a.no_train)
+  if (a.wants("train_sampled"))
     std::printf("| train (AdamW, sampled softmax, %lld negatives) | %lld x %lld | %.0f |\n",
                 static_cast<long long>(train::TrainOptions{}.sampled_negatives), static_cast<long long>(a.train_batch),
                 static_cast<long long>(a.train_seq), trained_sampled);
@@ -260,7 +274,11 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--seed", a->seed, "weight seed")->capture_default_str();
   c->add_option("--gen-batch", a->gen_batch, "rows of the batched decode figure")->capture_default_str();
   c->add_option("--train-steps", a->train_steps, "timed training steps")->capture_default_str();
-  c->add_flag("--no-train", a->no_train, "skip the training figure");
+  c->add_flag("--no-train", a->no_train, "skip the training figures");
+  c->add_option("--only", a->only,
+                "measure only these figures (e.g. for profiling): scored, generated, decode_b1, train, train_sampled")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"scored", "generated", "decode_b1", "train", "train_sampled"}));
   c->add_flag("--pin-threads", a->pin_threads,
               "pin the calling thread and each worker to its own CPU of the allowed set (also CORELM_PIN_THREADS=1)");
   c->add_flag("--grid", a->grid, "also run the pp/tg grid (implied by --pp, --tg, --batch, --depth)");

@@ -1,0 +1,87 @@
+// The benchmark subcommands as a user runs them (the real `corelm` binary): the JSON spellings the
+// issue-5 acceptance checks read, figures that are positive, --only leaving the rest null, and a
+// bad flag value as a clear error. Speed itself is never asserted here.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "corelm/isa.h"
+#include "pipeline_fixture.h"
+
+namespace corelm::testing {
+namespace {
+
+class BenchCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(corelm_binary())) GTEST_SKIP() << corelm_binary() << " is not built (build target corelm_cli)";
+    dir_ = fs::temp_directory_path() / ("corelm_bench_cli_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // Runs corelm with args; returns its exit code and fills `out` with stdout + stderr.
+  int run(const std::vector<std::string>& args, std::string& out) {
+    const std::string log = (dir_ / "log.txt").string();
+    const int code = wait_exit(spawn_corelm(args, log));
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out = ss.str();
+    return code;
+  }
+  fs::path dir_;
+};
+
+TEST_F(BenchCli, ModelOnlyMeasuresTheNamedFigures) {
+  std::string out;
+  ASSERT_EQ(run({"bench", "model", "--preset", "tiny", "--threads", "1", "--only", "decode_b1", "--seconds", "0.05",
+                 "--json"},
+                out),
+            0)
+      << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("isa"), isa_name(active_isa()));
+  EXPECT_EQ(j.at("threads"), 1);
+  EXPECT_GT(j.at("decode_b1_tok_s").get<double>(), 0.0);
+  for (const char* skipped : {"scored_tok_s", "generated_tok_s", "train_tok_s", "train_sampled_tok_s"})
+    EXPECT_TRUE(j.at(skipped).is_null()) << skipped;
+  EXPECT_NE(run({"bench", "model", "--only", "everything"}, out), 0);
+  EXPECT_NE(out.find("--only"), std::string::npos) << out;
+}
+
+TEST_F(BenchCli, GemmReportsEveryKernelAndPeak) {
+  std::string out;
+  ASSERT_EQ(run({"bench", "gemm", "--shapes", "8,64,96", "--seconds", "0.02", "--json"}, out), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  for (const char* key : {"peak_fp32_gflops", "peak_bf16_gflops", "peak_int8_gops", "peak_amx_bf16_gflops",
+                          "peak_amx_int8_gops"})
+    EXPECT_TRUE(j.at(key).is_number()) << key;
+  ASSERT_EQ(j.at("results").size(), 1u);
+  const auto& r = j["results"][0];
+  EXPECT_EQ(r.at("M"), 8);
+  EXPECT_EQ(r.at("K"), 64);
+  EXPECT_EQ(r.at("N"), 96);
+  for (const char* key : {"gemm_f32_gflops", "linear_bf16_gflops", "linear_int8_gops"})
+    EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
+  EXPECT_NE(run({"bench", "gemm", "--shapes", "8,64"}, out), 0);
+  EXPECT_NE(out.find("8,64"), std::string::npos) << out;
+}
+
+TEST_F(BenchCli, MemoryReportsBandwidthPerWorkingSet) {
+  std::string out;
+  ASSERT_EQ(run({"bench", "memory", "--max-mib", "1", "--seconds", "0.01", "--json"}, out), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("bench"), "memory");
+  const auto& points = j.at("points");
+  ASSERT_GE(points.size(), 2u) << out;
+  EXPECT_EQ(points.back().at("bytes").get<int64_t>(), int64_t{1} << 20);  // up to --max-mib
+  for (const auto& p : points) {
+    EXPECT_GT(p.at("read_gb_s").get<double>(), 0.0);
+    EXPECT_GT(p.at("copy_gb_s").get<double>(), 0.0);
+  }
+  EXPECT_NE(run({"bench", "memory", "--max-mib", "0"}, out), 0);
+}
+
+}  // namespace
+}  // namespace corelm::testing
