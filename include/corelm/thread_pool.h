@@ -22,6 +22,17 @@ int num_threads();
 void set_pin_threads(bool on);
 bool pin_threads();
 
+// Hand-off: after a job, workers keep polling for the next one for a bounded time before they
+// sleep on a condition variable, and the caller polls for the workers to finish before it sleeps,
+// so back-to-back small parallel_for calls (a decode step: dozens of GEMMs of tens of
+// microseconds) wake nobody through the kernel. The time is CORELM_SPIN_US microseconds (default
+// 50; 0 = never poll), read whenever the pool is (re)sized by set_num_threads or set_pin_threads;
+// a value that is not an integer in [0, 100000] throws ValueError there and leaves the pool as it
+// was. It is 0 whenever the pool has more threads than CPUs to run them on (e.g. taskset -c 0
+// with 2 threads), where a polling thread would take the core from the one doing the work. An
+// idle pool sleeps. thread_spin_microseconds() is the time the current pool uses (0 with 1 thread).
+int thread_spin_microseconds();
+
 // Calls fn(begin, end) over [0, n) in chunks of `grain` items, spread over the pool. Blocks until
 // all chunks are done; exceptions from fn are rethrown on the caller's thread.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);

@@ -3,8 +3,10 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +15,10 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "corelm/error.h"
 
@@ -34,6 +40,14 @@ const std::vector<int>& allowed_cpus() {
     return out;
   }());
   return cpus;
+}
+
+// CPUs the calling thread may run on right now (taskset can shrink it after allowed_cpus() was read).
+int current_cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
 }
 
 void warn_once(const char* what) {
@@ -67,8 +81,57 @@ bool pin_from_env() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
+// How long a thread keeps polling for the next hand-off before it sleeps. A decode step of the
+// tiny preset issues ~25 parallel_for calls of 5-50 us each; measured on the 2-core VM, 95% of the
+// gaps between them are under 20 us and 99% under 50 us, while a futex wake-up costs about as much
+// as such a job. 20-300 us all gave the same decode speed there; 50 keeps the CPU burnt by an
+// idle-bound worker small.
+constexpr int kDefaultSpinUs = 50;
+constexpr int kMaxSpinUs = 100000;
+
+int spin_us_from_env() {
+  const char* v = std::getenv("CORELM_SPIN_US");
+  if (v == nullptr || *v == '\0') return kDefaultSpinUs;
+  char* end = nullptr;
+  errno = 0;
+  const long us = std::strtol(v, &end, 10);
+  CORELM_CHECK(*v >= '0' && *v <= '9' && errno == 0 && *end == '\0' && us >= 0 && us <= kMaxSpinUs, ValueError,
+               "CORELM_SPIN_US must be an integer number of microseconds in [0, ", kMaxSpinUs, "], got '", v,
+               "'");
+  return static_cast<int>(us);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+// Polls ready() until it holds or spin_us of wall time pass; true when it held.
+template <typename Ready>
+bool spin_until(int spin_us, Ready ready) {
+  if (spin_us <= 0) return ready();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+  for (;;) {
+    for (int i = 0; i < 16; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return ready();
+  }
+}
+
 // Workers wait for a job, then pull chunk indices from a shared counter until none are left. The
 // caller's thread pulls chunks too, so n threads means n-1 workers.
+//
+// Hand-off without syscalls on the hot path: generation_ is odd while a job is open and even once
+// the caller has closed it. A worker that finishes a job polls generation_ for spin_us_, then
+// sleeps on cv_; the caller only calls notify when some worker sleeps (sleepers_). A worker
+// enters a job by raising active_ and then re-reading generation_; the caller closes the job once
+// every chunk is claimed and then waits for active_ == 0. Both sides use seq_cst, so either the
+// caller sees the worker in active_ (and waits for it) or the worker sees the job closed (and
+// backs out before touching job_): no job's function is touched after run() returns. The same
+// store-then-load pairing on sleepers_ / caller_sleeping_ rules out lost wake-ups.
 class Pool {
  public:
   Pool() {
@@ -81,9 +144,14 @@ class Pool {
 
   void resize(int n) {
     std::lock_guard<std::mutex> run_lock(run_mu_);
+    const int spin = n == 1 ? 0 : spin_us_from_env();  // a bad value leaves the pool as it was
     stop_workers();
     threads_ = n;
     if (pin_) pin_self(0);
+    // With fewer CPUs than threads (e.g. taskset -c 0 and 2 threads) a spinning thread would take
+    // the core from the one doing the work. Pinned threads wrap over the set read at start-up.
+    const int cpus = pin_ ? static_cast<int>(allowed_cpus().size()) : current_cpu_count();
+    spin_us_ = cpus < n ? 0 : spin;
     for (int i = 0; i + 1 < n; ++i)
       workers_.emplace_back([this, slot = pin_ ? i + 1 : -2] {
         if (slot >= 0) pin_self(slot);
@@ -103,6 +171,7 @@ class Pool {
 
   int threads() const { return threads_; }
   bool pinned() const { return pin_; }
+  int spin_us() const { return spin_us_; }
 
   void run(int64_t chunks, const std::function<void(int64_t)>& chunk_fn) {
     if (threads_ == 1 || chunks == 1 || in_worker_) {  // nested calls run inline: no deadlock
@@ -110,94 +179,107 @@ class Pool {
       return;
     }
     std::lock_guard<std::mutex> run_lock(run_mu_);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      job_ = &chunk_fn;
-      total_ = chunks;
-      next_.store(0);
-      done_ = 0;
-      error_ = nullptr;
-      ++generation_;
+    job_ = &chunk_fn;
+    total_ = chunks;
+    error_ = nullptr;
+    next_.store(0, std::memory_order_relaxed);
+    const uint64_t open = generation_.load(std::memory_order_relaxed) + 1;
+    generation_.store(open);  // publishes the fields above to workers that read `open`
+    if (sleepers_.load() > 0) {
+      { std::lock_guard<std::mutex> lk(mu_); }  // a sleeper is either waiting or will see `open`
+      cv_.notify_all();
     }
-    cv_.notify_all();
     in_worker_ = true;  // a parallel_for nested in a chunk on this thread must run inline too
     work_on_job(chunk_fn, chunks);
     in_worker_ = false;
-    std::unique_lock<std::mutex> lk(mu_);
-    // Also wait for workers that picked up this job to leave it, so none can touch a later job's
-    // counter with this job's (then dangling) function.
-    done_cv_.wait(lk, [&] { return done_ == total_ && active_ == 0; });
+    generation_.store(open + 1);  // every chunk is claimed: no worker may enter from now on
+    if (!spin_until(spin_us_, [&] { return active_.load() == 0; })) {
+      std::unique_lock<std::mutex> lk(mu_);
+      caller_sleeping_.store(true);
+      done_cv_.wait(lk, [&] { return active_.load() == 0; });
+      caller_sleeping_.store(false);
+    }
     job_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
+    if (error_) {
+      std::exception_ptr e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
   }
 
  private:
   void work_on_job(const std::function<void(int64_t)>& fn, int64_t total) {
-    int64_t finished = 0;
-    for (int64_t c; (c = next_.fetch_add(1)) < total;) {
+    for (int64_t c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < total;) {
       try {
         fn(c);
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu_);
         if (!error_) error_ = std::current_exception();
       }
-      ++finished;
     }
-    if (finished) {
-      std::lock_guard<std::mutex> lk(mu_);
-      done_ += finished;
-      if (done_ == total_) done_cv_.notify_all();
-    }
+  }
+
+  static bool is_open(uint64_t generation) { return (generation & 1) != 0; }
+
+  // A job this worker has not run yet is open.
+  bool job_waiting(uint64_t seen) const {
+    const uint64_t g = generation_.load();
+    return is_open(g) && g != seen;
   }
 
   void worker_loop() {
     in_worker_ = true;
     uint64_t seen = 0;
     for (;;) {
-      const std::function<void(int64_t)>* job;
-      int64_t total;
-      {
+      if (!spin_until(spin_us_, [&] { return stopping_.load(std::memory_order_relaxed) || job_waiting(seen); })) {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stopping_ || (job_ && generation_ != seen); });
-        if (stopping_) return;
-        seen = generation_;
-        job = job_;
-        total = total_;
-        ++active_;
+        sleepers_.fetch_add(1);
+        cv_.wait(lk, [&] { return stopping_.load() || job_waiting(seen); });
+        sleepers_.fetch_sub(1);
       }
-      work_on_job(*job, total);
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        --active_;
+      if (stopping_.load()) return;
+      active_.fetch_add(1);
+      const uint64_t g = generation_.load();
+      if (is_open(g)) {  // inside the job: the caller waits for us before it reuses job_
+        seen = g;
+        work_on_job(*job_, total_);
       }
-      done_cv_.notify_all();
+      if (active_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
+        { std::lock_guard<std::mutex> lk(mu_); }  // the caller is either waiting or will see 0
+        done_cv_.notify_one();
+      }
     }
   }
 
   void stop_workers() {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      stopping_ = true;
+      stopping_.store(true);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
     workers_.clear();
-    stopping_ = false;
+    stopping_.store(false);
   }
 
   std::mutex run_mu_;  // one parallel_for at a time from outside the pool
-  std::mutex mu_;
+  std::mutex mu_;      // guards error_ and the sleeps on cv_ / done_cv_
   std::condition_variable cv_, done_cv_;
   std::vector<std::thread> workers_;
+  // Written by the caller only while no worker is inside a job (see the class comment).
   const std::function<void(int64_t)>* job_ = nullptr;
-  int64_t total_ = 0, done_ = 0;
-  int active_ = 0;
-  uint64_t generation_ = 0;
-  std::atomic<int64_t> next_{0};
+  int64_t total_ = 0;
   std::exception_ptr error_;
-  bool stopping_ = false;
+  // On separate cache lines: workers poll generation_ while chunks bump next_.
+  alignas(64) std::atomic<uint64_t> generation_{0};
+  alignas(64) std::atomic<int64_t> next_{0};
+  alignas(64) std::atomic<int> active_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> caller_sleeping_{false};
+  std::atomic<bool> stopping_{false};
   bool pin_ = false;
   int threads_ = 1;
+  int spin_us_ = 0;  // set before the workers start, read-only while they run
   static thread_local bool in_worker_;
 };
 
@@ -220,6 +302,8 @@ int num_threads() { return pool().threads(); }
 void set_pin_threads(bool on) { pool().set_pin(on); }
 
 bool pin_threads() { return pool().pinned(); }
+
+int thread_spin_microseconds() { return pool().spin_us(); }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

@@ -49,7 +49,9 @@ TEST_P(AdamWUpdate, EqualsThePortableLoopBitwise) {
     ASSERT_EQ(std::memcmp(w.data(), w2.data(), n * 4), 0) << "w, n=" << n;
     ASSERT_EQ(std::memcmp(m.data(), m2.data(), n * 4), 0) << "m, n=" << n;
     ASSERT_EQ(std::memcmp(v.data(), v2.data(), n * 4), 0) << "v, n=" << n;
-    if (n > 2) EXPECT_TRUE(std::isfinite(w[2]));
+    if (n > 2) {
+      EXPECT_TRUE(std::isfinite(w[2]));
+    }
   }
 }
 
