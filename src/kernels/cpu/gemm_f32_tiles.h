@@ -12,6 +12,10 @@
 // Every C element is one fused multiply-add chain over k = 0..K-1 starting at zero, in every tile
 // shape, so row tiles of any height give bitwise identical rows.
 #pragma once
+// GCC 12's AVX-512 intrinsics start from deliberately undefined vectors, which -Wuninitialized
+// reports once they are inlined (GCC bug 105593, a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,6 +1,10 @@
 // The AMX backend of amx_tile_kernels.h: the tile machine is the real one (tdpbf16ps, tdpbusd).
 // Only run on CPUs where detected_isa() is Amx, which includes the kernel's grant of the tile
 // state to this process (isa.cc).
+// GCC 12's AVX-512 intrinsics start from deliberately undefined vectors, which -Wuninitialized
+// reports once they are inlined (GCC bug 105593, a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "kernels/cpu/amx_tile_kernels.h"

@@ -8,6 +8,10 @@
 //
 // Layout: the VNNI panel layout (linear_int8.h), 8 columns per ymm. Tiles: 4 rows x 16 columns
 // for batches, 1-2 rows x 32 columns for decode.
+// GCC 12's AVX-512 intrinsics start from deliberately undefined vectors, which -Wuninitialized
+// reports once they are inlined (GCC bug 105593, a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "kernels/cpu/linear_int8.h"

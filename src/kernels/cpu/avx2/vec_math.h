@@ -1,6 +1,10 @@
 // AVX2 + FMA helpers for the fused inference kernels. Only for files under src/kernels/cpu/avx2/
 // (compiled with AVX2/FMA flags). The AVX-512 twins live in ../avx512/vec_math.h.
 #pragma once
+// GCC 12's AVX-512 intrinsics start from deliberately undefined vectors, which -Wuninitialized
+// reports once they are inlined (GCC bug 105593, a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,6 +1,10 @@
 // fp32 vector traits over zmm for the shared GEMM/linear templates (gemm_f32_tiles.h,
 // linear_bf16_tiles.h). Internal linkage: included only by translation units in this folder.
 #pragma once
+// GCC 12's AVX-512 intrinsics start from deliberately undefined vectors, which -Wuninitialized
+// reports once they are inlined (GCC bug 105593, a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,6 +1,10 @@
 // AVX-512 helpers shared by the fused inference kernels and the training row kernels. Only for
 // files under src/kernels/cpu/avx512/ (compiled with AVX-512 flags).
 #pragma once
+// GCC 12's AVX-512 intrinsics start from deliberately undefined vectors, which -Wuninitialized
+// reports once they are inlined (GCC bug 105593, a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstdint>
