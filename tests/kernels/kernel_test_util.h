@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,30 @@ inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 // op(A)[i, k] and op(B)[k, j] of the GEMM contract, row-major storage.
 inline float op_a(const float* A, int64_t lda, bool ta, int64_t i, int64_t k) { return ta ? A[k * lda + i] : A[i * lda + k]; }
 inline float op_b(const float* B, int64_t ldb, bool tb, int64_t k, int64_t j) { return tb ? B[j * ldb + k] : B[k * ldb + j]; }
+
+// A packed bf16 linear's output Y (m x n, row stride ldy) against the fp64 product of the
+// bf16-rounded X and W plus bias (may be null), within 1e-5 of the products' magnitude; columns
+// n .. ldy-1 must still hold Y0 (the kernel writes no padding). Fatal failures: callers check
+// HasFatalFailure().
+inline void expect_rounded_product(const float* X, int64_t ldx, const float* W, int64_t ldw, const float* bias,
+                                   const float* Y, const float* Y0, int64_t ldy, int64_t m, int64_t n, int64_t k) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldy; ++j) {
+      if (j >= n) {
+        ASSERT_EQ(std::memcmp(&Y[i * ldy + j], &Y0[i * ldy + j], 4), 0) << "padding column written";
+        continue;
+      }
+      double dot = 0, mag = 0;
+      for (int64_t t = 0; t < k; ++t) {
+        const double p = double(round_bf16(X[i * ldx + t])) * round_bf16(W[j * ldw + t]);
+        dot += p;
+        mag += std::fabs(p);
+      }
+      const double b = bias ? bias[j] : 0.0;
+      ASSERT_NEAR(Y[i * ldy + j], dot + b, 1e-5 * (mag + std::fabs(b)) + 1e-6)
+          << "Y[" << i << "," << j << "] m=" << m << " n=" << n << " k=" << k;
+    }
+}
 
 // Every path this CPU runs, for INSTANTIATE_TEST_SUITE_P.
 inline std::vector<Isa> isa_paths() { return supported_isas(); }

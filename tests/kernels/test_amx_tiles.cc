@@ -34,22 +34,8 @@ void check_bf16(int64_t m, int64_t n, int64_t k, bool with_bias, int64_t pad, ui
   const auto packed = pack_linear_bf16_any_cpu(W.data(), n, k, ldw, with_bias ? bias.data() : nullptr, Isa::Amx);
   ASSERT_EQ(packed.k_padded % 32, 0);
   linear_bf16_tile_emulation(X.data(), m, ldx, packed, Y.data(), ldy);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < ldy; ++j) {
-      if (j >= n) {
-        ASSERT_EQ(std::memcmp(&Y[i * ldy + j], &Y0[i * ldy + j], 4), 0) << "padding column written";
-        continue;
-      }
-      double dot = 0, mag = 0;
-      for (int64_t t = 0; t < k; ++t) {
-        const double p = double(round_bf16(X[i * ldx + t])) * round_bf16(W[j * ldw + t]);
-        dot += p;
-        mag += std::fabs(p);
-      }
-      if (with_bias) dot += bias[j];
-      ASSERT_NEAR(Y[i * ldy + j], dot, 1e-5 * (mag + std::fabs(bias[j])) + 1e-6)
-          << "Y[" << i << "," << j << "] m=" << m << " n=" << n << " k=" << k;
-    }
+  expect_rounded_product(X.data(), ldx, W.data(), ldw, with_bias ? bias.data() : nullptr, Y.data(), Y0.data(), ldy, m,
+                         n, k);
 }
 
 TEST(AmxTilesEmulated, Bf16MatchesFp64OfRoundedOperands) {

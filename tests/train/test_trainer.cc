@@ -11,6 +11,7 @@
 
 #include "corelm/error.h"
 #include "corelm/model.h"
+#include "common/model_factories.h"
 #include "corelm/model_dir.h"
 #include "corelm/safetensors.h"
 #include "corelm/tokenizer.h"
@@ -44,17 +45,7 @@ std::string make_tokenizer(const fs::path& dir) {
 }
 
 model::ModelConfig small_config(int64_t vocab = 256) {
-  model::ModelConfig c;
-  c.vocab_size = vocab;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.max_position_embeddings = 64;
-  c.tie_word_embeddings = true;
-  return c;
+  return corelm::testing::tiny_decoder_config(vocab, model::ModelConfig{}.initializer_range);
 }
 
 // A repetitive token stream with some noise: learnable in a few steps.
