@@ -45,6 +45,13 @@ inline model::ModelConfig tiny_decoder_config(int64_t vocab, double init_range) 
   return c;
 }
 
+// n token ids in [0, vocab), a fixed LCG stream per seed.
+inline std::vector<int64_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int64_t>((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33) % vocab;
+  return v;
+}
+
 inline Tensor ids_of(const std::vector<int64_t>& v, int64_t B, int64_t T) { return Tensor::from_vector(v, {B, T}); }
 
 }  // namespace corelm::testing

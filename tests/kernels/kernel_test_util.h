@@ -12,6 +12,7 @@
 
 #include "corelm/dtype.h"
 #include "corelm/isa.h"
+#include "corelm/thread_pool.h"
 
 namespace corelm::testing {
 
@@ -51,6 +52,32 @@ inline void expect_rounded_product(const float* X, int64_t ldx, const float* W, 
       ASSERT_NEAR(Y[i * ldy + j], dot + b, 1e-5 * (mag + std::fabs(b)) + 1e-6)
           << "Y[" << i << "," << j << "] m=" << m << " n=" << n << " k=" << k;
     }
+}
+
+// Batch and thread invariance of a linear kernel: `run(X, rows, Y)` computes `rows` rows of n
+// outputs from rows of k inputs. Rows 0..m-1 of X must come out bitwise the same at 1 and 2
+// threads, with m = 16 rows, alone, and at another position in a larger batch (X holds `big`
+// rows, big > m). Fatal failures: callers need not check, this is their last statement.
+template <class Run>
+void expect_rows_batch_and_thread_invariant(const std::vector<float>& X, int64_t big, int64_t m, int64_t k, int64_t n,
+                                            Run&& run) {
+  const int64_t offset = 9;
+  std::vector<float> full(m * n), threaded(m * n), alone(n), shifted(big * n), rot(big * k), sixteen(16 * n);
+  set_num_threads(1);
+  run(X.data(), m, full.data());
+  set_num_threads(2);
+  run(X.data(), m, threaded.data());
+  set_num_threads(1);
+  ASSERT_EQ(std::memcmp(full.data(), threaded.data(), full.size() * 4), 0) << "thread count changed Y";
+  run(X.data(), 16, sixteen.data());
+  ASSERT_EQ(std::memcmp(full.data(), sixteen.data(), sixteen.size() * 4), 0) << "m=16 differs from m=" << m;
+  for (int64_t r = 0; r < big; ++r) std::memcpy(&rot[r * k], &X[((r - offset + big) % big) * k], k * 4);
+  run(rot.data(), big, shifted.data());
+  for (int64_t i = 0; i < m; ++i) {
+    run(X.data() + i * k, 1, alone.data());
+    ASSERT_EQ(std::memcmp(alone.data(), &full[i * n], n * 4), 0) << "row " << i << " alone differs";
+    ASSERT_EQ(std::memcmp(&shifted[(i + offset) * n], &full[i * n], n * 4), 0) << "row " << i << " at offset differs";
+  }
 }
 
 // Every path this CPU runs, for INSTANTIATE_TEST_SUITE_P.

@@ -51,24 +51,12 @@ TEST_P(LinearBf16, ManyRowsAndColumnBlocks) {
 }
 
 TEST_P(LinearBf16, RowsAreBatchAndThreadInvariant) {
-  const int64_t m = 37, n = 450, k = 131, big = 50, offset = 9;
+  const int64_t m = 37, n = 450, k = 131, big = 50;
   const auto W = random_floats(n * k, 21), X = random_floats(big * k, 22), bias = random_floats(n, 23);
   const auto packed = pack_linear_bf16(W.data(), n, k, k, bias.data());
-  std::vector<float> full(m * n), threaded(m * n), alone(n), shifted(big * n), rot(big * k);
-  set_num_threads(1);
-  linear_bf16(X.data(), m, k, packed, full.data(), n);
-  set_num_threads(2);
-  linear_bf16(X.data(), m, k, packed, threaded.data(), n);
-  set_num_threads(1);
-  ASSERT_EQ(std::memcmp(full.data(), threaded.data(), full.size() * 4), 0) << "thread count changed Y";
-  for (int64_t r = 0; r < big; ++r)
-    std::memcpy(&rot[r * k], &X[((r - offset + big) % big) * k], k * 4);
-  linear_bf16(rot.data(), big, k, packed, shifted.data(), n);
-  for (int64_t i = 0; i < m; ++i) {
-    linear_bf16(X.data() + i * k, 1, k, packed, alone.data(), n);
-    ASSERT_EQ(std::memcmp(alone.data(), &full[i * n], n * 4), 0) << "row " << i << " alone differs";
-    ASSERT_EQ(std::memcmp(&shifted[(i + offset) * n], &full[i * n], n * 4), 0) << "row " << i << " at offset differs";
-  }
+  expect_rows_batch_and_thread_invariant(X, big, m, k, n, [&](const float* x, int64_t rows, float* y) {
+    linear_bf16(x, rows, k, packed, y, n);
+  });
 }
 
 TEST_P(LinearBf16, RoundsInputsToNearestEven) {

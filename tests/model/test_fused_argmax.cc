@@ -28,11 +28,7 @@ ModelConfig config(bool tied) {
   return c;
 }
 
-std::vector<int64_t> random_ids(int64_t n, uint64_t seed) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<int64_t>((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33) % kVocab;
-  return v;
-}
+std::vector<int64_t> random_ids(int64_t n, uint64_t seed) { return testing::random_ids(n, kVocab, seed); }
 
 // First index of the largest value over [0, limit), as torch.argmax (and the sampler) do.
 int64_t first_argmax(const float* row, int64_t limit) {

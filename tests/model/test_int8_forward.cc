@@ -30,11 +30,7 @@ namespace {
 ModelConfig small_config(bool qwen2) { return testing::small_decoder_config(qwen2, 0.05); }
 using testing::ids_of;
 
-std::vector<int64_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<int64_t>((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33) % vocab;
-  return v;
-}
+using testing::random_ids;
 
 int64_t argmax(const float* v, int64_t n) { return std::max_element(v, v + n) - v; }
 
