@@ -3,6 +3,8 @@
 // pre-tokenizer pays one load per code point.
 #include "tokenizer/unicode.h"
 
+#include "corelm/utf8.h"
+
 #include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
@@ -81,18 +83,7 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
-bool is_valid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  size_t n = s.size(), i = 0;
-  while (i < n) {
-    if (p[i] < 0x80) { ++i; continue; }
-    int len;
-    uint32_t cp = decode_utf8(p + i, n - i, &len);
-    if (cp >= kInvalidBase) return false;
-    i += len;
-  }
-  return true;
-}
+bool is_valid_utf8(std::string_view s) { return corelm::valid_utf8(s); }
 
 size_t complete_utf8_prefix(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());

@@ -179,3 +179,20 @@ TEST(Durable, ALockDiesWithAKilledHolder) {
   EXPECT_FALSE(corelm::FileLock::read_holder(p).alive_here()) << "its recorded holder is provably gone";
   EXPECT_TRUE(corelm::FileLock::try_acquire(p)) << "the lock of a dead holder is free at once";
 }
+
+#include "corelm/utf8.h"
+
+TEST(Utf8, ValidatesEscapesAndNamesTheField) {
+  EXPECT_TRUE(corelm::valid_utf8("caf\xC3\xA9 \xF0\x9F\x98\x80"));
+  EXPECT_EQ(corelm::first_invalid_utf8("ab\xFF" "c"), 2u);
+  EXPECT_EQ(corelm::first_invalid_utf8("\xC0\x80"), 0u) << "overlong";
+  EXPECT_EQ(corelm::first_invalid_utf8("x\xED\xA0\x80"), 1u) << "surrogate";
+  EXPECT_EQ(corelm::first_invalid_utf8("\xE2\x82"), 0u) << "truncated";
+  EXPECT_EQ(corelm::escape_invalid_utf8("name\xFF.jsonl"), "name\\xFF.jsonl");
+  try {
+    corelm::require_utf8("ok\xFE", "--labels entry 2");
+    ADD_FAILURE();
+  } catch (const corelm::ValueError& e) {
+    EXPECT_EQ(std::string(e.what()), "--labels entry 2 is not valid UTF-8 (byte 0xFE at offset 2)");
+  }
+}
