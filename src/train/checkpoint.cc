@@ -26,6 +26,7 @@
 #include "corelm/error.h"
 #include "corelm/safetensors.h"
 #include "corelm/train.h"
+#include "train/checkpoint_internal.h"
 
 namespace corelm::train {
 namespace fs = std::filesystem;
@@ -40,14 +41,7 @@ constexpr const char* kViewFiles[] = {"config.json", "model.safetensors", "token
 
 std::string path_in(const std::string& dir, const char* name) { return (fs::path(dir) / name).string(); }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  CORELM_CHECK(in.good(), IOError, path, ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  CORELM_CHECK(!in.bad(), IOError, path, ": read error");
-  return ss.str();
-}
+using detail::read_file;
 
 std::string step_name(int64_t step) {
   char buf[48];
@@ -104,6 +98,15 @@ void link_into_view(const std::string& out_dir, const std::string& step_dir, con
 
 }  // namespace
 
+std::string detail::read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  CORELM_CHECK(in.good(), IOError, path, ": cannot open");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  CORELM_CHECK(!in.bad(), IOError, path, ": read error");
+  return ss.str();
+}
+
 bool decays(const std::string& name) {
   return name.find("norm") == std::string::npos && name.find("bias") == std::string::npos;
 }
@@ -111,6 +114,14 @@ bool decays(const std::string& name) {
 std::string save_checkpoint(const std::string& out_dir, const model::Decoder& model,
                             const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                             const TrainerState& state, const std::string& tokenizer_json) {
+  if (tokenizer_json.empty()) return detail::save_checkpoint_bytes(out_dir, model, exp_avg, exp_avg_sq, state, nullptr);
+  const std::string bytes = read_file(tokenizer_json);
+  return detail::save_checkpoint_bytes(out_dir, model, exp_avg, exp_avg_sq, state, &bytes);
+}
+
+std::string detail::save_checkpoint_bytes(const std::string& out_dir, const model::Decoder& model,
+                                          const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                                          const TrainerState& state, const std::string* tokenizer_bytes) {
   const auto& params = model.named_parameters();
   CORELM_CHECK(exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(), ValueError,
                "save_checkpoint: ", params.size(), " parameters but ", exp_avg.size(), "/", exp_avg_sq.size(),
@@ -137,7 +148,7 @@ std::string save_checkpoint(const std::string& out_dir, const model::Decoder& mo
     const std::map<std::string, std::string> meta{{"format", "pt"}, {kStepKey, std::to_string(state.step)}};
     io::save_safetensors(path_in(dir, "model.safetensors"), params, meta);
     model.config().save(path_in(dir, "config.json"));
-    if (!tokenizer_json.empty()) write_file_atomic(path_in(dir, "tokenizer.json"), read_file(tokenizer_json));
+    if (tokenizer_bytes) write_file_atomic(path_in(dir, "tokenizer.json"), *tokenizer_bytes);
     std::vector<std::pair<std::string, Tensor>> moments;
     for (size_t i = 0; i < params.size(); ++i) moments.emplace_back("exp_avg." + params[i].first, exp_avg[i]);
     for (size_t i = 0; i < params.size(); ++i) moments.emplace_back("exp_avg_sq." + params[i].first, exp_avg_sq[i]);
@@ -159,14 +170,25 @@ std::string save_checkpoint(const std::string& out_dir, const model::Decoder& mo
   // The commit point: from here on --resume loads the new checkpoint.
   write_file_atomic(path_in(ck_dir, kLatest), name + "\n");
 
+  sync_model_view(out_dir);
+  return target;
+}
+
+void detail::sync_model_view(const std::string& out_dir) {
+  if (!fs::exists(path_in(path_in(out_dir, kCheckpoints), kLatest))) return;
+  const std::string target = latest_checkpoint(out_dir);
   // The model directory view at the top of OUT, then the older layout's own state files (their
   // presence would otherwise suggest a checkpoint that is not the one resumed).
-  for (const char* f : kViewFiles)
-    if (fs::exists(path_in(target, f))) link_into_view(out_dir, target, f);
+  for (const char* f : kViewFiles) {
+    std::error_code ec;
+    const std::string src = path_in(target, f), dst = path_in(out_dir, f);
+    if (!fs::exists(src)) continue;
+    if (fs::exists(dst) && fs::equivalent(src, dst, ec)) continue;  // already the latest's
+    link_into_view(out_dir, target, f);
+  }
   std::error_code ec;
   for (const char* f : {"trainer_state.json", "optimizer.safetensors"}) fs::remove(path_in(out_dir, f), ec);
   fsync_dir(out_dir);
-  return target;
 }
 
 std::string latest_checkpoint(const std::string& dir) {

@@ -28,6 +28,7 @@
 #include "corelm/optim.h"
 #include "corelm/train.h"
 #include "kernels/cpu/vec_fast.h"
+#include "train/checkpoint_internal.h"
 #include "train/sampled_softmax.h"
 
 namespace corelm::train {
@@ -285,6 +286,10 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   // One run per output folder; then clear what an interrupted save of an earlier run left.
   const std::shared_ptr<void> out_lock = lock_output_dir(opt.out_dir);
   prune_checkpoints(opt.out_dir, checkpoint_steps(opt.out_dir));
+  detail::sync_model_view(opt.out_dir);
+  // Read once: on resume the file is the checkpoint's own, which pruning may remove later.
+  std::optional<std::string> tokenizer_bytes;
+  if (!tokenizer_json.empty()) tokenizer_bytes = detail::read_file(tokenizer_json);
   const SignalStop signals(opt.stop_on_signals);
 
   model.set_requires_grad(true);
@@ -339,7 +344,8 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     st.schedule = schedule_name(sched.kind);
     st.lr = adam.lr();
     try {
-      result.checkpoint = save_checkpoint(opt.out_dir, model, adam.exp_avg(), adam.exp_avg_sq(), st, tokenizer_json);
+      result.checkpoint = detail::save_checkpoint_bytes(opt.out_dir, model, adam.exp_avg(), adam.exp_avg_sq(), st,
+                                                        tokenizer_bytes ? &*tokenizer_bytes : nullptr);
     } catch (const IOError& e) {
       throw IOError("train: saving the checkpoint of step " + std::to_string(at_step) + " failed (" + e.what() +
                     "); " +
