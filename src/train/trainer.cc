@@ -286,7 +286,6 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   // One run per output folder; then clear what an interrupted save of an earlier run left.
   const std::shared_ptr<void> out_lock = lock_output_dir(opt.out_dir);
   prune_checkpoints(opt.out_dir, checkpoint_steps(opt.out_dir));
-  detail::sync_model_view(opt.out_dir);
   // Read once: on resume the file is the checkpoint's own, which pruning may remove later.
   std::optional<std::string> tokenizer_bytes;
   if (!tokenizer_json.empty()) tokenizer_bytes = detail::read_file(tokenizer_json);
@@ -314,6 +313,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   if (opt.resume && has_checkpoint(opt.out_dir)) {
     std::vector<Tensor> m = adam.exp_avg(), v = adam.exp_avg_sq();
     result.checkpoint = latest_checkpoint(opt.out_dir);
+    detail::sync_model_view(opt.out_dir);  // a save killed between its pointer and its links
     TrainerState st = load_checkpoint(opt.out_dir, model, m, v);
     for (int64_t s : checkpoint_steps(opt.out_dir))
       if (s <= st.step) lineage.push_back(s);
