@@ -19,7 +19,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <string_view>
 
 #include "corelm/autocast.h"
 #include "corelm/autograd.h"
