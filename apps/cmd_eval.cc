@@ -38,13 +38,7 @@ void run(const EvalArgs& a) {
   const bool bin = a.data.size() > 4 && a.data.ends_with(".bin");
   train::TokenDataset data =
       bin ? train::TokenDataset::open(a.data) : train::TokenDataset::from_text_files(*m.tokenizer, {a.data}, a.threads);
-  const int64_t context = m.decoder.config().max_position_embeddings;
-  const int64_t seq = a.seq > 0 ? std::min(a.seq, context) : context;
-  CORELM_CHECK(data.size() >= 2, ValueError, "eval: ", a.data, " holds ", data.size(), " tokens; need at least 2");
-  CORELM_CHECK(data.vocab_bound() <= m.decoder.config().vocab_size, ValueError, "eval: ", a.data, " holds token id ",
-               data.vocab_bound() - 1, ", outside the model's vocab_size ", m.decoder.config().vocab_size);
-  const auto batches = train::sequential_batches(data, 0, data.size(), a.batch, seq);
-  const train::EvalResult r = train::evaluate(m.decoder, batches);
+  const train::EvalResult r = train::evaluate_dataset(m.decoder, data, train::EvalOptions{a.seq, a.batch});
   const double ppl = std::exp(r.mean_loss);
   if (a.json) {
     nlohmann::ordered_json j{{"mean_loss", r.mean_loss}, {"perplexity", ppl}, {"tokens", r.tokens}};
@@ -63,7 +57,7 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--tokenizer", a->tokenizer, "tokenizer file or directory (default: the checkpoint's own)");
   c->add_flag("--strict,!--no-strict", a->strict, "missing/unexpected tensors are an error (default) or a warning");
   c->add_option("--data", a->data, "text file, or token file FILE.bin (+ FILE.bin.json)")->required();
-  c->add_option("--seq", a->seq, "window length (default: the model context)");
+  c->add_option("--seq", a->seq, "window length, 1 to the model context (default 0: the model context)");
   c->add_option("--batch", a->batch, "windows per forward")->capture_default_str();
   c->add_option("--precision", a->precision,
                 "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")

@@ -1,5 +1,8 @@
 // corelm train: pretrain (text or token files) or fine-tune (--sft pairs) a decoder; see
 // docs/TRAINING.md. Argument parsing and setup only; the loop lives in src/train.
+#include <signal.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -22,8 +25,9 @@ namespace fs = std::filesystem;
 struct TrainArgs {
   std::string preset = "tiny", config, init, sft, tokenizer, out, schedule = "cosine";
   std::vector<std::string> data;
-  int64_t steps = 0, batch = 8, seq = 128, grad_accum = 1, warmup = -1, eval_every = 0, save_every = 500;
-  int64_t eval_batches = 8, log_every = 10, stop_at = 0;
+  int64_t steps = 0, batch = 8, seq = 128, grad_accum = 1, warmup = 0, eval_every = 0, save_every = 500;
+  int64_t eval_batches = 8, log_every = 10, stop_at = 0, keep_checkpoints = 2;
+  bool warmup_given = false, eval_every_given = false;  // else the defaults below (from --steps)
   int threads = 1, sample_tokens = 32;
   uint64_t seed = 0;
   double lr = 2e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0, time_budget = 0, val_fraction = 0.05;
@@ -48,19 +52,60 @@ std::string tokenizer_json_path(const std::string& given) {
   return p.string();
 }
 
-void run(const TrainArgs& a) {
+// The library's options from the arguments (the library validates them: train::TrainOptions).
+train::TrainOptions train_options(const TrainArgs& a) {
+  train::TrainOptions opt;
+  opt.out_dir = a.out;
+  opt.steps = a.steps;
+  opt.time_budget_s = a.time_budget;
+  opt.stop_at = a.stop_at;
+  opt.batch = a.batch;
+  opt.seq = a.seq;
+  opt.grad_accum = a.grad_accum;
+  opt.schedule.kind = train::parse_schedule(a.schedule);
+  opt.schedule.lr = a.lr;
+  opt.schedule.warmup = a.warmup_given ? a.warmup : std::min<int64_t>(100, a.steps / 10);
+  opt.schedule.min_lr_ratio = a.min_lr_ratio;
+  opt.weight_decay = static_cast<float>(a.weight_decay);
+  opt.clip = static_cast<float>(a.clip);
+  opt.eval_every = a.eval_every_given ? a.eval_every : std::max<int64_t>(1, a.steps / 10);
+  opt.eval_batches = a.eval_batches;
+  opt.save_every = a.save_every;
+  opt.keep_checkpoints = a.keep_checkpoints;
+  opt.log_every = a.log_every;
+  opt.sample_tokens = a.sample_tokens;
+  opt.sample_prompt = a.sample_prompt;
+  opt.seed = a.seed;
+  opt.resume = a.resume;
+  opt.progress = !a.no_progress;
+  opt.stop_on_signals = true;
+  opt.loss = a.loss;
+  opt.sampled_negatives = a.negatives;
+  opt.sampled_floor = a.count_floor;
+  opt.sampled_alpha = a.sampled_alpha;
+  opt.compute_dtype = a.compute_dtype;
+  return opt;
+}
+
+// Returns the exit code: 0, or 128 + the signal that stopped training (after its checkpoint).
+int run(const TrainArgs& a) {
   set_num_threads(a.threads);
   CORELM_CHECK(!a.data.empty() || !a.sft.empty(), ValueError, "train: give --data FILE... or --sft pairs.jsonl");
   CORELM_CHECK(a.data.empty() || a.sft.empty(), ValueError, "train: --data and --sft are exclusive");
-  fs::create_directories(a.out);
-  const std::string out_config = (fs::path(a.out) / "config.json").string();
-  const std::string out_tokenizer = (fs::path(a.out) / "tokenizer.json").string();
+  train::TrainOptions opt = train_options(a);
+  opt.validate();  // before anything is written into --out
+  train::check_val_fraction(a.val_fraction);
+  // Held until the end: no second run may write the tokenizer or checkpoints into --out meanwhile.
+  const std::shared_ptr<void> out_lock = train::lock_output_dir(a.out);
   const bool resuming = a.resume && train::has_checkpoint(a.out);
+  // A resumed run takes config and tokenizer from the checkpoint the pointer names.
+  const std::string checkpoint = resuming ? train::latest_checkpoint(a.out) : "";
+  const std::string out_tokenizer = (fs::path(a.out) / "tokenizer.json").string();
 
   // Config and (for --init) weights.
   std::unique_ptr<model::LoadedModel> init;
   model::ModelConfig config;
-  if (resuming) config = model::ModelConfig::load(out_config);
+  if (resuming) config = model::ModelConfig::load((fs::path(checkpoint) / "config.json").string());
   else if (!a.init.empty()) {
     init = std::make_unique<model::LoadedModel>(model::load_model_dir(a.init));
     config = init->decoder.config();
@@ -69,7 +114,7 @@ void run(const TrainArgs& a) {
 
   // Tokenizer: the checkpoint's, the initial model's, the one given, or one trained on the data.
   std::string tokenizer_path;
-  if (resuming) tokenizer_path = out_tokenizer;
+  if (resuming) tokenizer_path = (fs::path(checkpoint) / "tokenizer.json").string();
   else if (!a.init.empty()) tokenizer_path = (fs::path(a.init) / "tokenizer.json").string();
   else if (!a.tokenizer.empty()) tokenizer_path = tokenizer_json_path(a.tokenizer);
   else {
@@ -116,7 +161,7 @@ void run(const TrainArgs& a) {
   const bool sampled = a.loss == "sampled";
   if (!a.sft.empty()) {
     pairs = train::load_sft_pairs(a.sft, *tok);
-    const size_t n_val = pairs.size() >= 2 ? std::max<size_t>(1, static_cast<size_t>(pairs.size() * a.val_fraction)) : 0;
+    const size_t n_val = train::sft_validation_pairs(pairs.size(), a.val_fraction);
     const size_t train_end = pairs.size() - n_val;
     sft_val_begin = n_val ? train_end : 0;
     const TokenId pad = tok->pad_id().value_or(tok->eos_id().value_or(0));
@@ -161,48 +206,26 @@ void run(const TrainArgs& a) {
                 << config.num_parameters(false) << " non-embedding parameters\n";
   }
 
-  train::TrainOptions opt;
-  opt.out_dir = a.out;
-  opt.steps = a.steps;
-  opt.time_budget_s = a.time_budget;
-  opt.stop_at = a.stop_at;
-  opt.batch = a.batch;
-  opt.seq = a.seq;
-  opt.grad_accum = a.grad_accum;
-  opt.schedule.kind = train::parse_schedule(a.schedule);
-  opt.schedule.lr = a.lr;
-  opt.schedule.warmup = a.warmup >= 0 ? a.warmup : std::min<int64_t>(100, a.steps / 10);
-  opt.schedule.min_lr_ratio = a.min_lr_ratio;
-  opt.weight_decay = static_cast<float>(a.weight_decay);
-  opt.clip = static_cast<float>(a.clip);
-  opt.eval_every = a.eval_every > 0 ? a.eval_every : std::max<int64_t>(1, a.steps / 10);
-  opt.eval_batches = a.eval_batches;
-  opt.save_every = a.save_every;
-  opt.log_every = a.log_every;
-  opt.sample_tokens = a.sample_tokens;
-  opt.sample_prompt = a.sample_prompt;
   // SFT samples answer the first held-out input (the default prompt would include its output).
   if (opt.sample_prompt.empty() && !pairs.empty()) opt.sample_prompt = tok->decode(pairs[sft_val_begin].input);
-  opt.seed = a.seed;
-  opt.resume = a.resume;
-  opt.progress = !a.no_progress;
-  opt.loss = a.loss;
-  opt.sampled_negatives = a.negatives;
-  opt.sampled_floor = a.count_floor;
-  opt.sampled_alpha = a.sampled_alpha;
   opt.unigram_counts = std::move(counts);
-  opt.compute_dtype = a.compute_dtype;
   const train::TrainResult r = train::train(decoder, *source, val.empty() ? nullptr : &val, tok.get(),
                                             tokenizer_path, opt);
   nlohmann::ordered_json summary{{"out", a.out},
                                  {"start_step", r.start_step},
                                  {"steps", r.end_step},
                                  {"train_loss", r.last_train_loss},
-                                 {"val_loss", r.last_val_loss},
+                                 {"val_loss", r.last_val_loss ? nlohmann::json(*r.last_val_loss) : nlohmann::json()},
                                  {"tokens_seen", r.tokens_seen},
                                  {"tokens_per_s", r.tokens_per_s},
-                                 {"threads", a.threads}};
+                                 {"threads", a.threads},
+                                 {"checkpoint", r.checkpoint}};
+  if (r.stopped_by_signal) summary["stopped_by_signal"] = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
   std::cout << summary.dump() << "\n";
+  if (!r.stopped_by_signal) return 0;
+  std::cerr << "corelm: train: stopped by " << (r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "
+            << r.end_step << "; checkpoint " << r.checkpoint << " (continue with --resume)\n";
+  return 128 + r.stopped_by_signal;
 }
 
 RegisterCommand reg([](CLI::App& root) {
@@ -214,31 +237,43 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--data", a->data, "text files (tokenized on the fly) or token files FILE.bin (+ FILE.bin.json)");
   c->add_option("--sft", a->sft, "supervised fine-tuning pairs: JSONL {\"input\": ..., \"output\": ...}");
   c->add_option("--tokenizer", a->tokenizer, "tokenizer to use (default: train a byte-level BPE on the data)");
-  c->add_option("--out", a->out, "output directory (checkpoint, tokenizer, train_log.jsonl)")->required();
+  c->add_option("--out", a->out,
+                "output directory: a model directory of the latest checkpoint, checkpoints/, train_log.jsonl")
+      ->required();
   c->add_option("--steps", a->steps, "optimizer steps")->required();
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_option("--seed", a->seed, "seed for weights and data order")->capture_default_str();
-  c->add_flag("--resume", a->resume, "continue from the checkpoint in --out (bit-identical)");
+  c->add_flag("--resume", a->resume,
+              "continue from the checkpoint OUT/checkpoints/latest names (bit-identical; an output folder of the "
+              "older layout resumes too)");
   c->add_option("--batch", a->batch, "sequences per micro-batch")->capture_default_str();
   c->add_option("--seq", a->seq, "tokens per sequence")->capture_default_str();
   c->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step")->capture_default_str();
   c->add_option("--lr", a->lr, "peak learning rate")->capture_default_str();
   c->add_option("--min-lr-ratio", a->min_lr_ratio, "final lr / peak lr (cosine, wsd)")->capture_default_str();
-  c->add_option("--warmup", a->warmup, "warmup steps (default: min(100, steps/10))");
+  CLI::Option* warmup = c->add_option("--warmup", a->warmup, "warmup steps (default: min(100, steps/10))");
   c->add_option("--schedule", a->schedule, "cosine | wsd | constant")->capture_default_str();
   c->add_option("--weight-decay", a->weight_decay, "AdamW weight decay (not on norms/biases)")->capture_default_str();
   c->add_option("--clip", a->clip, "gradient clipping by global norm (0: off)")->capture_default_str();
-  c->add_option("--eval-every", a->eval_every, "validation + sample every N steps (default: steps/10)");
-  c->add_option("--eval-batches", a->eval_batches, "validation batches per evaluation")->capture_default_str();
-  c->add_option("--val-fraction", a->val_fraction, "held-out tail of the data")->capture_default_str();
+  CLI::Option* eval_every =
+      c->add_option("--eval-every", a->eval_every, "validation + sample every N steps (default: steps/10; 0: at the end)");
+  c->add_option("--eval-batches", a->eval_batches, "validation batches per evaluation (0: no validation)")
+      ->capture_default_str();
+  c->add_option("--val-fraction", a->val_fraction, "held-out tail of the data (0: no validation)")
+      ->capture_default_str();
   c->add_option("--save-every", a->save_every, "checkpoint every N steps (and at the end)")->capture_default_str();
+  c->add_option("--keep-checkpoints", a->keep_checkpoints,
+                "step folders kept in OUT/checkpoints (the newest; older ones are removed once a newer one is "
+                "committed)")
+      ->capture_default_str();
   c->add_option("--log-every", a->log_every, "progress line period when stderr is not a terminal")
       ->capture_default_str();
   c->add_option("--sample-tokens", a->sample_tokens, "greedy tokens printed after each evaluation")
       ->capture_default_str();
   c->add_option("--sample-prompt", a->sample_prompt, "prompt for the samples (default: start of validation)");
-  c->add_option("--time-budget", a->time_budget, "stop (and checkpoint) after this many seconds");
-  c->add_option("--stop-at", a->stop_at, "stop (and checkpoint) after this step, as an interruption would");
+  c->add_option("--time-budget", a->time_budget, "stop (and checkpoint) after this many seconds (0: none)");
+  c->add_option("--stop-at", a->stop_at,
+                "stop (and checkpoint) after this step, as SIGINT/SIGTERM would (those exit with 128 + signal)");
   c->add_flag("--no-progress", a->no_progress, "no progress output on stderr");
   c->add_option("--loss", a->loss,
                 "training loss: full (fused LM head + softmax over the whole vocabulary) or sampled (softmax over "
@@ -257,7 +292,15 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--compute-dtype", a->compute_dtype, "matrix-product precision of training: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
-  c->callback([a] { run(*a); });
+  c->callback([a, warmup, eval_every] {
+    a->warmup_given = warmup->count() > 0;
+    a->eval_every_given = eval_every->count() > 0;
+    const int rc = run(*a);  // the output lock is released by now
+    if (rc != 0) {
+      std::cout.flush();
+      std::exit(rc);
+    }
+  });
 });
 
 }  // namespace

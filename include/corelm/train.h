@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "corelm/error.h"
 #include "corelm/model.h"
 #include "corelm/random.h"
 #include "corelm/tensor.h"
@@ -95,6 +96,8 @@ struct Split {
   int64_t train_end = 0;  // train = [0, train_end), validation = [train_end, size)
 };
 Split split_tokens(int64_t size, double val_fraction, int64_t seq);
+// ValueError naming --val-fraction unless it is in [0, 1) (0: no validation split).
+void check_val_fraction(double val_fraction);
 
 // Non-overlapping windows of seq + 1 tokens with stride seq over [begin, end), batched: every
 // token after `begin` is a target exactly once (the last window may be shorter; its row is
@@ -109,6 +112,9 @@ struct SftPair {
 // Encodes each pair (output followed by EOS when the tokenizer has one). Malformed lines ->
 // FormatError "FILE:LINE: ...". Blank lines are skipped.
 std::vector<SftPair> load_sft_pairs(const std::string& path, const Tokenizer& tokenizer);
+// How many of `pairs` pairs form the validation tail: 0 when val_fraction is 0 or there are fewer
+// than 2 pairs, else at least 1. ValueError naming --val-fraction outside [0, 1).
+size_t sft_validation_pairs(size_t pairs, double val_fraction);
 
 // One pair per row (no cross-pair packing: the causal attention op cannot keep attention inside
 // a pair), truncated to seq + 1 tokens, padded; targets are -100 on input and padding tokens.
@@ -134,23 +140,29 @@ class SftSampler : public BatchSource {
 // ---- the loop (src/train/trainer.cc) and checkpoints (src/train/checkpoint.cc) ----
 
 struct TrainOptions {
-  std::string out_dir;       // checkpoints + train_log.jsonl
+  std::string out_dir;       // checkpoints + train_log.jsonl (layout: save_checkpoint below)
   int64_t steps = 100;       // optimizer steps of the whole run (the schedule's length)
   int64_t stop_at = 0;       // > 0: stop (and checkpoint) after this step, as an interruption would
   double time_budget_s = 0;  // > 0: stop (and checkpoint) once this much wall time has passed
   int64_t batch = 8, seq = 128, grad_accum = 1;
   Schedule schedule;         // total is set to `steps`
   float weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float clip = 1.0f;         // global-norm clipping; <= 0 disables
+  float clip = 1.0f;         // global-norm clipping; 0 disables
   int64_t eval_every = 0;    // validation loss (and a sample) every N steps; 0: only at the end
-  int64_t eval_batches = 8;  // validation batches per evaluation (sequential windows)
+  int64_t eval_batches = 8;  // validation batches per evaluation (sequential windows); 0: none
   int64_t save_every = 0;    // checkpoint every N steps; always at the end
+  int64_t keep_checkpoints = 2;  // step folders kept in out_dir/checkpoints (the newest; >= 1)
   int64_t log_every = 10;    // progress line period when stderr is not a terminal
   int sample_tokens = 32;    // greedy tokens generated after each evaluation (0: none)
   std::string sample_prompt; // empty: the first 8 validation tokens
   uint64_t seed = 0;
   bool resume = false;
   bool progress = true;      // progress line on stderr
+  // SIGINT / SIGTERM during train() finish the current step, write a checkpoint and return
+  // (TrainResult::stopped_by_signal); a second signal has its default effect, which is safe
+  // because a checkpoint is committed as a whole or not at all. Off for library callers that
+  // handle signals themselves; the CLI turns it on.
+  bool stop_on_signals = false;
   // Training loss (validation always uses the full softmax): "full" (fused LM head +
   // cross-entropy) or "sampled" (softmax over the batch targets plus `sampled_negatives` ids drawn
   // per micro-batch from q ∝ max(count, sampled_floor)^sampled_alpha, with the logQ correction;
@@ -163,6 +175,17 @@ struct TrainOptions {
   std::vector<int64_t> unigram_counts;
   // Matrix-product precision of the training forward/backward ("f32" | "bf16"; corelm/autocast.h).
   std::string compute_dtype = "f32";
+
+  // ValueError naming the CLI option (--warmup, --clip, --min-lr-ratio, ...) of the first value
+  // out of range. train() calls it first, so nothing is written for a bad option.
+  void validate() const;
+};
+
+// Training stopped because the loss, the gradient norm or the weights became non-finite
+// (divergence: a learning rate far too high, no clipping). Nothing is saved at that step; the
+// message names the last good checkpoint, which stays the one --resume loads.
+class TrainingDiverged : public Error {
+  using Error::Error;
 };
 
 struct CurvePoint {
@@ -172,7 +195,10 @@ struct CurvePoint {
 
 struct TrainResult {
   int64_t start_step = 0, end_step = 0;
-  double last_train_loss = 0, last_val_loss = 0;
+  double last_train_loss = 0;
+  std::optional<double> last_val_loss;  // absent when nothing was evaluated (no validation data)
+  int stopped_by_signal = 0;            // SIGINT / SIGTERM that ended the run (stop_on_signals)
+  std::string checkpoint;               // the checkpoint folder the run committed last
   double tokens_per_s = 0;  // over the steps of this run (excluding evaluation and saving)
   int64_t tokens_seen = 0;
   std::vector<CurvePoint> curve;  // one point per evaluation
@@ -182,6 +208,8 @@ struct TrainResult {
 // checkpoint; `tokenizer` (may be null) decodes the sample generations. `val` may be null.
 // With options.resume, the checkpoint in out_dir (if any) is loaded first: weights, optimizer
 // state, step, sampler state; training then continues exactly as if it had never stopped.
+// out_dir is locked for the whole call (lock_output_dir). A non-finite loss, gradient norm or
+// weight throws TrainingDiverged without saving.
 TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Batch>* val,
                   const Tokenizer* tokenizer, const std::string& tokenizer_json, const TrainOptions& options);
 
@@ -207,17 +235,59 @@ struct TrainerState {
   double lr = 0;
 };
 
-// Writes DIR/model.safetensors, config.json, tokenizer.json (copy of `tokenizer_json`, if not
-// empty), optimizer.safetensors and trainer_state.json, each atomically; trainer_state.json last,
-// so a checkpoint whose files disagree on the step is detected on load.
-void save_checkpoint(const std::string& dir, const model::Decoder& model, const std::vector<Tensor>& exp_avg,
-                     const std::vector<Tensor>& exp_avg_sq, const TrainerState& state,
-                     const std::string& tokenizer_json);
+// ---- checkpoints (src/train/checkpoint.cc; docs/TRAINING.md "Checkpoints and --resume") ----
+//
+// OUT/checkpoints/step-00000120/   one complete checkpoint per save: model.safetensors,
+//                                  config.json, tokenizer.json, optimizer.safetensors,
+//                                  trainer_state.json; written under a temp name and renamed
+//                                  into place whole (StagedDir)
+// OUT/checkpoints/latest           "step-00000120": THE commit point, replaced atomically after
+//                                  the step folder is complete; --resume loads what it names
+// OUT/{config.json, model.safetensors, tokenizer.json}
+//                                  hard links to the latest checkpoint's files (updated after the
+//                                  pointer), so OUT itself is a model directory for generate,
+//                                  eval, convert and --init
+// A kill -9 or a full disk at any point leaves `latest` naming a complete checkpoint.
+
+// Writes the checkpoint of state.step into out_dir as above and moves the pointer to it;
+// returns its folder. Refuses (TrainingDiverged) weights or moments that are not finite.
+// Older step folders are not removed here (prune_checkpoints).
+std::string save_checkpoint(const std::string& out_dir, const model::Decoder& model, const std::vector<Tensor>& exp_avg,
+                            const std::vector<Tensor>& exp_avg_sq, const TrainerState& state,
+                            const std::string& tokenizer_json);
+// The committed checkpoint folder of `dir`: what DIR/checkpoints/latest names, else DIR itself
+// when it holds trainer_state.json (a step folder, or an output folder of the older layout with
+// the files at its top level); "" when there is none. FormatError when the pointer names a
+// missing or incomplete folder.
+std::string latest_checkpoint(const std::string& dir);
 bool has_checkpoint(const std::string& dir);
-// Loads weights into `model` and optimizer moments into exp_avg/exp_avg_sq (same order as
-// model.named_parameters()); returns the state. FormatError when files are missing or disagree.
+// Steps of the step folders in out_dir/checkpoints, ascending (temp folders excluded).
+std::vector<int64_t> checkpoint_steps(const std::string& out_dir);
+// Removes the step folders of out_dir/checkpoints not listed in `keep` (never the one `latest`
+// names) and temp folders/files left by an interrupted save.
+void prune_checkpoints(const std::string& out_dir, const std::vector<int64_t>& keep);
+// Loads the checkpoint latest_checkpoint(dir) names: weights into `model`, optimizer moments into
+// exp_avg/exp_avg_sq (same order as model.named_parameters()); returns the state. IOError when
+// there is none; FormatError when files are missing or disagree.
 TrainerState load_checkpoint(const std::string& dir, model::Decoder& model, std::vector<Tensor>& exp_avg,
                              std::vector<Tensor>& exp_avg_sq);
+
+// Exclusive use of an output folder by one training run: holds OUT/train.lock (corelm::FileLock:
+// released by the kernel when the process dies, even by kill -9). IOError naming the holder's pid
+// and host when another live process trains into OUT. Re-entrant within a process (train() takes
+// it, and so does the CLI before it writes the tokenizer into OUT): the folder stays locked while
+// any returned handle lives.
+std::shared_ptr<void> lock_output_dir(const std::string& out_dir);
+
+// ---- corelm eval ----
+
+struct EvalOptions {
+  int64_t seq = 0;    // window length; 0: the model context; otherwise 1..context
+  int64_t batch = 4;  // windows per forward
+};
+// Mean loss over every token of `data` (non-overlapping windows: each token after the first is
+// predicted once). ValueError naming --seq / --batch out of range, or data too short.
+EvalResult evaluate_dataset(const model::Decoder& model, const TokenDataset& data, const EvalOptions& options);
 
 // Weight decay applies to matrices and embeddings, not to norms and biases.
 bool decays(const std::string& param_name);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -156,9 +157,13 @@ Batch WindowSampler::next(int64_t batch, int64_t seq) {
   return Batch{Tensor::from_vector(ids, {batch, seq}), Tensor::from_vector(targets, {batch, seq})};
 }
 
+void check_val_fraction(double val_fraction) {
+  CORELM_CHECK(std::isfinite(val_fraction) && val_fraction >= 0 && val_fraction < 1, ValueError,
+               "train: --val-fraction must be in [0, 1) (0: no validation), got ", val_fraction);
+}
+
 Split split_tokens(int64_t size, double val_fraction, int64_t seq) {
-  CORELM_CHECK(val_fraction >= 0 && val_fraction < 1, ValueError, "validation fraction must be in [0, 1), got ",
-               val_fraction);
+  check_val_fraction(val_fraction);
   Split s;
   if (val_fraction == 0) {
     s.train_end = size;

@@ -11,6 +11,12 @@
 
 namespace corelm::train {
 
+size_t sft_validation_pairs(size_t pairs, double val_fraction) {
+  check_val_fraction(val_fraction);
+  if (val_fraction == 0 || pairs < 2) return 0;
+  return std::max<size_t>(1, static_cast<size_t>(static_cast<double>(pairs) * val_fraction));
+}
+
 std::vector<SftPair> load_sft_pairs(const std::string& path, const Tokenizer& tokenizer) {
   std::ifstream in(path, std::ios::binary);
   CORELM_CHECK(in.good(), IOError, path, ": cannot open");

@@ -3,9 +3,13 @@
 // Nothing in the loop draws randomness except the batch source, whose state is checkpointed, and
 // the sampled-softmax negatives, a pure function of (seed, step, micro-batch), so a resumed run
 // repeats the uninterrupted one bit for bit. The loss is the fused LM head + cross-entropy
-// (ops::linear_cross_entropy: no [B*T, V] logits) or its sampled-softmax variant.
+// (ops::linear_cross_entropy: no [B*T, V] logits) or its sampled-softmax variant. A non-finite
+// loss or gradient norm stops the run before the optimizer step (nothing of it is saved); SIGINT /
+// SIGTERM (stop_on_signals) stop it after the current step with a checkpoint.
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +27,7 @@
 #include "corelm/optim.h"
 #include "corelm/train.h"
 #include "kernels/cpu/vec_fast.h"
+#include "train/checkpoint_internal.h"
 #include "train/sampled_softmax.h"
 
 namespace corelm::train {
@@ -30,6 +35,43 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The signal that asked the running train() to stop (0: none). Lock-free, so the handler may set it.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig, std::memory_order_relaxed); }
+
+// Installs the SIGINT / SIGTERM handlers for one train() call and restores the previous ones.
+// SA_RESETHAND: the handler runs once, so a second signal has its default effect (kill), which is
+// safe because a checkpoint is committed whole or not at all.
+class SignalStop {
+ public:
+  explicit SignalStop(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalStop() {
+    if (!enabled_) return;
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  int requested() const { return enabled_ ? g_stop_signal.load(std::memory_order_relaxed) : 0; }
+  SignalStop(const SignalStop&) = delete;
+  SignalStop& operator=(const SignalStop&) = delete;
+
+ private:
+  bool enabled_;
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+bool finite_in(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -134,6 +176,59 @@ void truncate_log(const std::string& path, int64_t step) {
 
 }  // namespace
 
+void TrainOptions::validate() const {
+  CORELM_CHECK(!out_dir.empty(), ValueError, "train: no output directory (--out)");
+  CORELM_CHECK(steps > 0, ValueError, "train: --steps must be positive, got ", steps);
+  CORELM_CHECK(stop_at >= 0, ValueError, "train: --stop-at must be >= 0 (0: no stop), got ", stop_at);
+  CORELM_CHECK(std::isfinite(time_budget_s) && time_budget_s >= 0, ValueError,
+               "train: --time-budget must be >= 0 seconds (0: no budget), got ", time_budget_s);
+  CORELM_CHECK(batch > 0, ValueError, "train: --batch must be positive, got ", batch);
+  CORELM_CHECK(seq > 0, ValueError, "train: --seq must be positive, got ", seq);
+  CORELM_CHECK(grad_accum > 0, ValueError, "train: --grad-accum must be positive, got ", grad_accum);
+  CORELM_CHECK(std::isfinite(schedule.lr) && schedule.lr > 0, ValueError,
+               "train: --lr must be a positive finite number, got ", schedule.lr);
+  CORELM_CHECK(schedule.warmup >= 0, ValueError, "train: --warmup must be >= 0 steps, got ", schedule.warmup);
+  CORELM_CHECK(finite_in(schedule.min_lr_ratio, 0, 1), ValueError,
+               "train: --min-lr-ratio must be in [0, 1] (the final learning rate is lr * ratio), got ",
+               schedule.min_lr_ratio);
+  CORELM_CHECK(finite_in(schedule.decay_fraction, 0, 1), ValueError,
+               "train: the wsd decay fraction must be in [0, 1], got ", schedule.decay_fraction);
+  CORELM_CHECK(finite_in(weight_decay, 0, 1e6), ValueError, "train: --weight-decay must be >= 0, got ", weight_decay);
+  CORELM_CHECK(finite_in(beta1, 0, 1) && beta1 < 1, ValueError, "train: AdamW beta1 must be in [0, 1), got ", beta1);
+  CORELM_CHECK(finite_in(beta2, 0, 1) && beta2 < 1, ValueError, "train: AdamW beta2 must be in [0, 1), got ", beta2);
+  CORELM_CHECK(std::isfinite(eps) && eps > 0, ValueError, "train: AdamW eps must be positive, got ", eps);
+  CORELM_CHECK(std::isfinite(clip) && clip >= 0, ValueError,
+               "train: --clip must be >= 0 (the gradient norm bound; 0: no clipping), got ", clip);
+  CORELM_CHECK(eval_every >= 0, ValueError, "train: --eval-every must be >= 0, got ", eval_every);
+  CORELM_CHECK(eval_batches >= 0, ValueError, "train: --eval-batches must be >= 0 (0: no validation), got ",
+               eval_batches);
+  CORELM_CHECK(save_every >= 0, ValueError, "train: --save-every must be >= 0 (0: only at the end), got ",
+               save_every);
+  CORELM_CHECK(keep_checkpoints >= 1, ValueError, "train: --keep-checkpoints must be >= 1, got ", keep_checkpoints);
+  CORELM_CHECK(log_every >= 1, ValueError, "train: --log-every must be >= 1, got ", log_every);
+  CORELM_CHECK(sample_tokens >= 0, ValueError, "train: --sample-tokens must be >= 0, got ", sample_tokens);
+  CORELM_CHECK(loss == "full" || loss == "sampled", ValueError, "train: unknown loss '", loss,
+               "' (--loss: expected full or sampled)");
+  CORELM_CHECK(sampled_negatives >= 1, ValueError, "train: --negatives must be >= 1, got ", sampled_negatives);
+  CORELM_CHECK(std::isfinite(sampled_floor) && sampled_floor >= 0, ValueError,
+               "train: --count-floor must be >= 0, got ", sampled_floor);
+  CORELM_CHECK(std::isfinite(sampled_alpha) && sampled_alpha >= 0, ValueError,
+               "train: --sampled-alpha must be >= 0, got ", sampled_alpha);
+  ops::parse_compute_dtype(compute_dtype);
+}
+
+EvalResult evaluate_dataset(const model::Decoder& model, const TokenDataset& data, const EvalOptions& options) {
+  const int64_t context = model.config().max_position_embeddings;
+  CORELM_CHECK(options.seq >= 0 && options.seq <= context, ValueError, "eval: --seq must be between 1 and the model ",
+               "context ", context, " (or 0 for the context), got ", options.seq);
+  CORELM_CHECK(options.batch > 0, ValueError, "eval: --batch must be positive, got ", options.batch);
+  CORELM_CHECK(data.size() >= 2, ValueError, "eval: the data holds ", data.size(), " tokens; need at least 2");
+  CORELM_CHECK(data.vocab_bound() <= model.config().vocab_size, ValueError, "eval: the data holds token id ",
+               data.vocab_bound() - 1, ", outside the model's vocab_size ", model.config().vocab_size);
+  const int64_t seq = options.seq > 0 ? options.seq : context;
+  return evaluate(model, sequential_batches(data, 0, data.size(), options.batch, seq));
+}
+
 EvalResult evaluate(const model::Decoder& model, const std::vector<Batch>& batches) {
   autograd::NoGradGuard no_grad;
   double sum = 0;
@@ -173,14 +268,9 @@ std::vector<TokenId> greedy_generate(const model::Decoder& model, std::vector<To
 
 TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Batch>* val, const Tokenizer* tokenizer,
                   const std::string& tokenizer_json, const TrainOptions& opt) {
-  CORELM_CHECK(!opt.out_dir.empty(), ValueError, "train: no output directory");
-  CORELM_CHECK(opt.steps > 0, ValueError, "train: --steps must be positive, got ", opt.steps);
-  CORELM_CHECK(opt.batch > 0 && opt.seq > 0 && opt.grad_accum > 0, ValueError,
-               "train: batch, seq and grad-accum must be positive");
+  opt.validate();
   CORELM_CHECK(opt.seq <= model.config().max_position_embeddings, ValueError, "train: --seq ", opt.seq,
                " exceeds the model context (max_position_embeddings = ", model.config().max_position_embeddings, ")");
-  CORELM_CHECK(opt.loss == "full" || opt.loss == "sampled", ValueError, "train: unknown loss '", opt.loss,
-               "' (expected full or sampled)");
   const ops::ComputeDType compute = ops::parse_compute_dtype(opt.compute_dtype);
   std::unique_ptr<UnigramProposal> proposal;
   if (opt.loss == "sampled") {
@@ -192,7 +282,13 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
                  opt.sampled_negatives);
     proposal = std::make_unique<UnigramProposal>(opt.unigram_counts, opt.sampled_floor, opt.sampled_alpha);
   }
-  fs::create_directories(opt.out_dir);
+  // One run per output folder; then clear what an interrupted save of an earlier run left.
+  const std::shared_ptr<void> out_lock = lock_output_dir(opt.out_dir);
+  prune_checkpoints(opt.out_dir, checkpoint_steps(opt.out_dir));
+  // Read once: on resume the file is the checkpoint's own, which pruning may remove later.
+  std::optional<std::string> tokenizer_bytes;
+  if (!tokenizer_json.empty()) tokenizer_bytes = detail::read_file(tokenizer_json);
+  const SignalStop signals(opt.stop_on_signals);
 
   model.set_requires_grad(true);
   const auto& named = model.named_parameters();
@@ -208,9 +304,19 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   int64_t step = 0, tokens_seen = 0;
   uint64_t draw_seed = opt.seed;  // the sampled negatives' seed: the checkpoint's on resume
   const std::string log_path = (fs::path(opt.out_dir) / "train_log.jsonl").string();
+  // The checkpoints of this run's lineage (the resumed one and those before it, then each save),
+  // oldest first: --keep-checkpoints keeps the newest of them. A run without --resume starts
+  // over, so its first save drops the folder's older checkpoints (after its pointer moved).
+  std::vector<int64_t> lineage;
+  int64_t saved_step = -1;
   if (opt.resume && has_checkpoint(opt.out_dir)) {
     std::vector<Tensor> m = adam.exp_avg(), v = adam.exp_avg_sq();
+    result.checkpoint = latest_checkpoint(opt.out_dir);
+    detail::sync_model_view(opt.out_dir);  // a save killed between its pointer and its links
     TrainerState st = load_checkpoint(opt.out_dir, model, m, v);
+    for (int64_t s : checkpoint_steps(opt.out_dir))
+      if (s <= st.step) lineage.push_back(s);
+    saved_step = st.step;
     adam.set_step_count(st.step);
     data.set_state(st.sampler);
     data.set_drawn(st.rows_drawn);
@@ -227,6 +333,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   CORELM_CHECK(log.good(), IOError, log_path, ": cannot open for writing");
 
   auto save = [&](int64_t at_step) {
+    if (at_step == saved_step) return;  // already on disk (a resume that trained no step)
     TrainerState st;
     st.step = at_step;
     st.tokens_seen = tokens_seen;
@@ -235,7 +342,23 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     st.seed = draw_seed;
     st.schedule = schedule_name(sched.kind);
     st.lr = adam.lr();
-    save_checkpoint(opt.out_dir, model, adam.exp_avg(), adam.exp_avg_sq(), st, tokenizer_json);
+    try {
+      result.checkpoint = detail::save_checkpoint_bytes(opt.out_dir, model, adam.exp_avg(), adam.exp_avg_sq(), st,
+                                                        tokenizer_bytes ? &*tokenizer_bytes : nullptr);
+    } catch (const IOError& e) {
+      throw IOError("train: saving the checkpoint of step " + std::to_string(at_step) + " failed (" + e.what() +
+                    "); " +
+                    (result.checkpoint.empty() ? std::string("no earlier checkpoint exists")
+                                               : "the last good checkpoint is still " + result.checkpoint));
+    } catch (const TrainingDiverged& e) {
+      throw TrainingDiverged(std::string(e.what()) + "; " +
+                             (result.checkpoint.empty() ? std::string("no earlier checkpoint exists")
+                                                        : "the last good checkpoint is " + result.checkpoint));
+    }
+    saved_step = at_step;
+    if (lineage.empty() || lineage.back() != at_step) lineage.push_back(at_step);
+    const size_t keep = static_cast<size_t>(std::min<int64_t>(opt.keep_checkpoints, static_cast<int64_t>(lineage.size())));
+    prune_checkpoints(opt.out_dir, std::vector<int64_t>(lineage.end() - static_cast<std::ptrdiff_t>(keep), lineage.end()));
   };
 
   std::vector<TokenId> sample_prompt;
@@ -254,6 +377,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   auto run_eval = [&](nlohmann::ordered_json& rec, int64_t at_step, double train_loss) {
     if (!val || val->empty()) return;
     const EvalResult ev = evaluate(model, *val);
+    if (ev.tokens == 0) return;  // nothing to score: no val_loss rather than a made-up one
     rec["val_loss"] = ev.mean_loss;
     result.last_val_loss = ev.mean_loss;
     result.curve.push_back(CurvePoint{at_step, train_loss, ev.mean_loss});
@@ -276,6 +400,10 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   };
 
   while (step < last_step) {
+    if (const int sig = signals.requested()) {
+      result.stopped_by_signal = sig;
+      break;
+    }
     const Clock::time_point t0 = Clock::now();
     adam.zero_grad();
     double loss_value = 0;
@@ -291,6 +419,24 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
       step_tokens += b.tokens();
     }
     const double grad_norm = global_grad_norm(params);
+    if (!std::isfinite(loss_value) || !std::isfinite(grad_norm)) {
+      nlohmann::ordered_json rec;
+      rec["step"] = step + 1;
+      rec["loss"] = loss_value;  // NaN / inf are written as null
+      rec["grad_norm"] = grad_norm;
+      rec["error"] = "non-finite loss or gradient norm; stopped";
+      log << json_dump(rec) << "\n";
+      log.flush();
+      std::ostringstream msg;
+      msg << "train: training diverged at step " << step + 1 << ": loss " << loss_value << ", gradient norm "
+          << grad_norm << " (learning rate " << sched.at(step) << "); stopped without saving it. ";
+      if (result.checkpoint.empty())
+        msg << "No checkpoint was saved before it";
+      else
+        msg << "The last good checkpoint is " << result.checkpoint << " (--resume continues from it)";
+      msg << "; try a lower --lr, a longer --warmup or --clip 1";
+      throw TrainingDiverged(msg.str());
+    }
     if (opt.clip > 0) clip_gradients(params, grad_norm, opt.clip);
     const double lr = sched.at(step);
     adam.set_lr(static_cast<float>(lr));

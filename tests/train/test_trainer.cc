@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -220,7 +221,13 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
   }
 }
 
-TEST(Checkpoint, FilesAreCompleteAndStepMismatchIsDetected) {
+std::set<std::string> names_in(const fs::path& dir) {
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.insert(e.path().filename().string());
+  return files;
+}
+
+TEST(Checkpoint, StepFolderPointerAndModelDirView) {
   fs::path dir = temp_dir("ckpt");
   model::Decoder m(small_config());
   m.init_weights(1);
@@ -232,14 +239,20 @@ TEST(Checkpoint, FilesAreCompleteAndStepMismatchIsDetected) {
   TrainerState st;
   st.step = 5;
   st.sampler = Generator(3).state();
+  EXPECT_FALSE(has_checkpoint(dir.string()));
   for (int round = 0; round < 2; ++round) {
-    save_checkpoint(dir.string(), m, ea, eas, st, "");
-    std::set<std::string> files;
-    for (const auto& e : fs::directory_iterator(dir)) files.insert(e.path().filename().string());
-    // no temporary or partial file is left beside the final names
-    EXPECT_EQ(files, (std::set<std::string>{"config.json", "model.safetensors", "optimizer.safetensors",
-                                            "trainer_state.json"}));
+    const std::string ck = save_checkpoint(dir.string(), m, ea, eas, st, "");
+    EXPECT_EQ(ck, (dir / "checkpoints" / "step-00000005").string());
+    // one complete step folder, no temporary or partial file beside the final names
+    EXPECT_EQ(names_in(ck), (std::set<std::string>{"config.json", "model.safetensors", "optimizer.safetensors",
+                                                   "trainer_state.json"}));
+    EXPECT_EQ(names_in(dir / "checkpoints"), (std::set<std::string>{"latest", "step-00000005"}));
+    // OUT itself is a model directory: hard links to the latest checkpoint's files
+    EXPECT_EQ(names_in(dir), (std::set<std::string>{"checkpoints", "config.json", "model.safetensors"}));
+    EXPECT_TRUE(fs::equivalent(dir / "model.safetensors", fs::path(ck) / "model.safetensors"));
   }
+  EXPECT_EQ(latest_checkpoint(dir.string()), (dir / "checkpoints" / "step-00000005").string());
+  EXPECT_EQ(checkpoint_steps(dir.string()), (std::vector<int64_t>{5}));
   model::Decoder m2(small_config());
   std::vector<Tensor> ea2, eas2;
   for (const Tensor& p : m2.parameters()) {
@@ -251,14 +264,70 @@ TEST(Checkpoint, FilesAreCompleteAndStepMismatchIsDetected) {
   EXPECT_EQ(back.sampler.s[2], st.sampler.s[2]);
   EXPECT_EQ(ea2[0].to_float_vector()[0], 0.5f);
   EXPECT_EQ(m2.parameters()[0].to_float_vector(), m.parameters()[0].to_float_vector());
+
+  // A second save moves the pointer; the first step folder stays until pruned.
+  st.step = 7;
+  save_checkpoint(dir.string(), m, ea, eas, st, "");
+  EXPECT_EQ(latest_checkpoint(dir.string()), (dir / "checkpoints" / "step-00000007").string());
+  EXPECT_EQ(checkpoint_steps(dir.string()), (std::vector<int64_t>{5, 7}));
+  fs::create_directories(dir / "checkpoints" / ".step-00000009.staging.1.0");  // a killed save's leftover
+  prune_checkpoints(dir.string(), {7});
+  EXPECT_EQ(names_in(dir / "checkpoints"), (std::set<std::string>{"latest", "step-00000007"}));
+  prune_checkpoints(dir.string(), {});  // never the one the pointer names
+  EXPECT_EQ(checkpoint_steps(dir.string()), (std::vector<int64_t>{7}));
+
   // a trainer_state.json from another step than the weights: refuse to resume from a torn checkpoint
-  auto j = nlohmann::json::parse(std::ifstream(dir / "trainer_state.json"));
+  const fs::path state = dir / "checkpoints" / "step-00000007" / "trainer_state.json";
+  auto j = nlohmann::json::parse(std::ifstream(state));
   j["step"] = 6;
-  write_text(dir / "trainer_state.json", j.dump());
+  write_text(state, j.dump());
   EXPECT_THROW(load_checkpoint(dir.string(), m2, ea2, eas2), FormatError);
+  // a pointer naming a missing folder is an error naming it, not "no checkpoint"
+  write_text(dir / "checkpoints" / "latest", "step-00000042\n");
+  try {
+    latest_checkpoint(dir.string());
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("step-00000042"), std::string::npos) << e.what();
+  }
+  // non-finite weights are never saved
+  write_text(dir / "checkpoints" / "latest", "step-00000007\n");
+  Tensor w = m.parameters()[0];
+  w.data<float>()[3] = std::nanf("");
+  st.step = 8;
+  EXPECT_THROW(save_checkpoint(dir.string(), m, ea, eas, st, ""), TrainingDiverged);
+  EXPECT_EQ(latest_checkpoint(dir.string()), (dir / "checkpoints" / "step-00000007").string());
+  EXPECT_FALSE(fs::exists(dir / "checkpoints" / "step-00000008"));
   EXPECT_TRUE(decays("model.layers.0.mlp.up_proj.weight"));
   EXPECT_FALSE(decays("model.layers.0.input_layernorm.weight"));
   EXPECT_FALSE(decays("model.layers.0.self_attn.q_proj.bias"));
+  fs::remove_all(dir);
+}
+
+// An output folder of the older layout (every file at its top level) still resumes.
+TEST(Checkpoint, OlderLayoutResumes) {
+  fs::path dir = temp_dir("ckpt_old");
+  model::Decoder m(small_config());
+  m.init_weights(1);
+  std::vector<Tensor> ea, eas;
+  for (const Tensor& p : m.parameters()) {
+    ea.push_back(Tensor::full(p.shape(), 0.5));
+    eas.push_back(Tensor::full(p.shape(), 0.25));
+  }
+  TrainerState st;
+  st.step = 3;
+  // Written as the older save_checkpoint did: the files of a step folder, at the top of OUT.
+  const std::string ck = save_checkpoint((dir / "tmp").string(), m, ea, eas, st, "");
+  for (const auto& e : fs::directory_iterator(ck)) fs::copy_file(e.path(), dir / e.path().filename());
+  fs::remove_all(dir / "tmp");
+  EXPECT_EQ(latest_checkpoint(dir.string()), dir.string());
+  std::vector<Tensor> ea2 = ea, eas2 = eas;
+  EXPECT_EQ(load_checkpoint(dir.string(), m, ea2, eas2).step, 3);
+  // The next save converts it: the state files move into a step folder.
+  st.step = 4;
+  save_checkpoint(dir.string(), m, ea, eas, st, "");
+  EXPECT_EQ(names_in(dir), (std::set<std::string>{"checkpoints", "config.json", "model.safetensors"}));
+  EXPECT_EQ(load_checkpoint(dir.string(), m, ea2, eas2).step, 4);
   fs::remove_all(dir);
 }
 
@@ -293,8 +362,9 @@ TEST(Trainer, ResumeIsBitIdentical) {
 
   expect_same_tensors((root / "straight" / "model.safetensors").string(),
                       (root / "resumed" / "model.safetensors").string());
-  expect_same_tensors((root / "straight" / "optimizer.safetensors").string(),
-                      (root / "resumed" / "optimizer.safetensors").string());
+  expect_same_tensors(latest_checkpoint((root / "straight").string()) + "/optimizer.safetensors",
+                      latest_checkpoint((root / "resumed").string()) + "/optimizer.safetensors");
+  EXPECT_EQ(r3.checkpoint, (root / "resumed" / "checkpoints" / "step-00000008").string());
   for (size_t i = 0; i < straight.parameters().size(); ++i)
     EXPECT_EQ(straight.parameters()[i].to_float_vector(), second.parameters()[i].to_float_vector());
   // the logs agree line for line on the loss
@@ -334,10 +404,156 @@ TEST(Trainer, LossGoesDownOnRepetitiveData) {
   }
   EXPECT_EQ(lines, 30);
   EXPECT_NEAR(before, std::log(256.0), 0.3);
-  EXPECT_LT(r.last_val_loss, before - 2.0) << "val loss " << before << " -> " << r.last_val_loss;
+  ASSERT_TRUE(r.last_val_loss.has_value());
+  EXPECT_LT(*r.last_val_loss, before - 2.0) << "val loss " << before << " -> " << *r.last_val_loss;
   ASSERT_EQ(r.curve.size(), 3u);
   EXPECT_LT(r.curve.back().val_loss, r.curve.front().val_loss);
   fs::remove_all(root);
+}
+
+TEST(Trainer, KeepCheckpointsPrunesOnlyAfterThePointerMoved) {
+  fs::path root = temp_dir("keep");
+  TokenDataset data = TokenDataset::from_ids(pattern_tokens(2000, 2));
+  model::Decoder m(small_config());
+  m.init_weights(3);
+  WindowSampler s(data, 0, data.size(), 5);
+  TrainOptions o = base_options(root, 6);
+  o.grad_accum = 1;
+  o.save_every = 1;
+  o.keep_checkpoints = 2;
+  TrainResult r = train(m, s, nullptr, nullptr, "", o);
+  EXPECT_EQ(checkpoint_steps(root.string()), (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(r.checkpoint, latest_checkpoint(root.string()));
+  // a resumed run counts the folders it continues from
+  o.steps = 8;
+  o.resume = true;
+  o.keep_checkpoints = 3;
+  model::Decoder m2(small_config());
+  WindowSampler s2(data, 0, data.size(), 5);
+  train(m2, s2, nullptr, nullptr, "", o);
+  EXPECT_EQ(checkpoint_steps(root.string()), (std::vector<int64_t>{6, 7, 8}));
+  // a run without --resume starts over: its first save replaces the older run's checkpoints
+  o.resume = false;
+  o.steps = 2;
+  o.save_every = 0;
+  model::Decoder m3(small_config());
+  m3.init_weights(4);
+  WindowSampler s3(data, 0, data.size(), 5);
+  train(m3, s3, nullptr, nullptr, "", o);
+  EXPECT_EQ(checkpoint_steps(root.string()), (std::vector<int64_t>{2}));
+  fs::remove_all(root);
+}
+
+TEST(Trainer, NoValidationMeansNoValLoss) {
+  fs::path root = temp_dir("noval");
+  TokenDataset data = TokenDataset::from_ids(pattern_tokens(2000, 2));
+  model::Decoder m(small_config());
+  m.init_weights(3);
+  WindowSampler s(data, 0, data.size(), 5);
+  TrainOptions o = base_options(root, 2);
+  const std::vector<Batch> none;  // what --eval-batches 0 gives
+  TrainResult r = train(m, s, &none, nullptr, "", o);
+  EXPECT_FALSE(r.last_val_loss.has_value());
+  EXPECT_TRUE(r.curve.empty());
+  std::ifstream log(root / "train_log.jsonl");
+  std::string line;
+  while (std::getline(log, line)) EXPECT_FALSE(nlohmann::json::parse(line).contains("val_loss")) << line;
+  EXPECT_EQ(split_tokens(100, 0.0, 16).train_end, 100);  // --val-fraction 0: no validation split
+  EXPECT_EQ(sft_validation_pairs(10, 0.0), 0u);
+  EXPECT_EQ(sft_validation_pairs(10, 0.05), 1u);
+  EXPECT_THROW(sft_validation_pairs(10, -0.5), ValueError);
+  EXPECT_THROW(split_tokens(100, 1.0, 16), ValueError);
+  fs::remove_all(root);
+}
+
+TEST(Trainer, DivergenceStopsWithoutSavingANonFiniteCheckpoint) {
+  fs::path root = temp_dir("diverge");
+  TokenDataset data = TokenDataset::from_ids(pattern_tokens(2000, 2));
+  model::Decoder m(small_config());
+  m.init_weights(3);
+  WindowSampler s(data, 0, data.size(), 5);
+  TrainOptions o = base_options(root, 10);
+  o.grad_accum = 1;
+  o.stop_at = 2;
+  train(m, s, nullptr, nullptr, "", o);
+  const std::string good = latest_checkpoint(root.string());
+  // --lr 1e30 and no clipping: the weights blow up and the next loss is not finite
+  o.stop_at = 0;
+  o.resume = true;
+  o.clip = 0;
+  o.schedule.lr = 1e30;
+  o.schedule.warmup = 0;
+  model::Decoder m2(small_config());
+  WindowSampler s2(data, 0, data.size(), 5);
+  try {
+    train(m2, s2, nullptr, nullptr, "", o);
+    FAIL() << "expected TrainingDiverged";
+  } catch (const TrainingDiverged& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("diverged"), std::string::npos) << what;
+    EXPECT_NE(what.find(good), std::string::npos) << "names the last good checkpoint: " << what;
+  }
+  EXPECT_EQ(latest_checkpoint(root.string()), good);
+  EXPECT_EQ(checkpoint_steps(root.string()), (std::vector<int64_t>{2}));
+  model::Decoder back(small_config());
+  std::vector<Tensor> ea, eas;
+  for (const Tensor& p : back.parameters()) {
+    ea.push_back(Tensor::zeros(p.shape()));
+    eas.push_back(Tensor::zeros(p.shape()));
+  }
+  EXPECT_EQ(load_checkpoint(root.string(), back, ea, eas).step, 2);
+  for (const Tensor& p : back.parameters())
+    for (float v : p.to_float_vector()) ASSERT_TRUE(std::isfinite(v));
+  fs::remove_all(root);
+}
+
+TEST(TrainOptions, OutOfRangeValuesAreErrorsNamingTheOption) {
+  const fs::path root = fs::temp_directory_path() / ("corelm_train_test_opts_" + std::to_string(::getpid()));
+  const std::vector<std::pair<std::string, std::function<void(TrainOptions&)>>> cases = {
+      {"--warmup", [](TrainOptions& o) { o.schedule.warmup = -3; }},
+      {"--clip", [](TrainOptions& o) { o.clip = -1; }},
+      {"--time-budget", [](TrainOptions& o) { o.time_budget_s = -1; }},
+      {"--min-lr-ratio", [](TrainOptions& o) { o.schedule.min_lr_ratio = -1; }},
+      {"--min-lr-ratio", [](TrainOptions& o) { o.schedule.min_lr_ratio = 1.5; }},
+      {"--lr", [](TrainOptions& o) { o.schedule.lr = -1e-3; }},
+      {"--lr", [](TrainOptions& o) { o.schedule.lr = std::nan(""); }},
+      {"--steps", [](TrainOptions& o) { o.steps = 0; }},
+      {"--stop-at", [](TrainOptions& o) { o.stop_at = -1; }},
+      {"--batch", [](TrainOptions& o) { o.batch = 0; }},
+      {"--grad-accum", [](TrainOptions& o) { o.grad_accum = -2; }},
+      {"--weight-decay", [](TrainOptions& o) { o.weight_decay = -0.1f; }},
+      {"--eval-every", [](TrainOptions& o) { o.eval_every = -1; }},
+      {"--eval-batches", [](TrainOptions& o) { o.eval_batches = -1; }},
+      {"--save-every", [](TrainOptions& o) { o.save_every = -5; }},
+      {"--keep-checkpoints", [](TrainOptions& o) { o.keep_checkpoints = 0; }},
+      {"--sample-tokens", [](TrainOptions& o) { o.sample_tokens = -1; }},
+      {"--count-floor", [](TrainOptions& o) { o.sampled_floor = -1; }},
+  };
+  for (const auto& [option, mutate] : cases) {
+    TrainOptions o = base_options(root, 4);
+    EXPECT_NO_THROW(o.validate());
+    mutate(o);
+    try {
+      o.validate();
+      ADD_FAILURE() << option << ": expected ValueError";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
+    }
+  }
+  // train() checks first: nothing is written for a bad option
+  TokenDataset data = TokenDataset::from_ids(pattern_tokens(500, 2));
+  model::Decoder m(small_config());
+  WindowSampler s(data, 0, data.size(), 5);
+  TrainOptions o = base_options(root, 4);
+  o.schedule.warmup = -3;
+  EXPECT_THROW(train(m, s, nullptr, nullptr, "", o), ValueError);
+  EXPECT_FALSE(fs::exists(root));
+  // corelm eval's window options
+  m.init_weights(1);
+  EXPECT_THROW(evaluate_dataset(m, data, EvalOptions{-4, 4}), ValueError);
+  EXPECT_THROW(evaluate_dataset(m, data, EvalOptions{1000, 4}), ValueError);
+  EXPECT_THROW(evaluate_dataset(m, data, EvalOptions{0, 0}), ValueError);
+  EXPECT_GT(evaluate_dataset(m, data, EvalOptions{16, 4}).tokens, 0);
 }
 
 TEST(ModelDir, CheckpointLoadsAsModelDirectory) {
