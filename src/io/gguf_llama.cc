@@ -216,8 +216,9 @@ GGUFModel load_gguf_model(const std::string& path) {
               {"tie_word_embeddings", tied},
               {"attention_bias", bias},
               {"torch_dtype", "float32"}};
-  if (const GGUFValue* b = f.find("tokenizer.ggml.bos_token_id")) m.config["bos_token_id"] = b->as_int();
-  if (const GGUFValue* e = f.find("tokenizer.ggml.eos_token_id")) m.config["eos_token_id"] = e->as_int();
+  // Token ids are int32 everywhere downstream: a larger value is refused here, by key.
+  if (const GGUFValue* b = f.find("tokenizer.ggml.bos_token_id")) m.config["bos_token_id"] = b->as_int(0, INT32_MAX);
+  if (const GGUFValue* e = f.find("tokenizer.ggml.eos_token_id")) m.config["eos_token_id"] = e->as_int(0, INT32_MAX);
   return m;
 }
 
