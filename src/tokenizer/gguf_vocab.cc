@@ -191,6 +191,13 @@ std::unique_ptr<Tokenizer> tokenizer_from_gguf_bpe(const GgufBpeVocab& vocab, co
 std::string gguf_bpe_vocab_to_tokenizer_json(const GgufBpeVocab& vocab, const std::string& source) {
   tok::BpeSpec spec = spec_from_vocab(vocab, source);
   // tokenizer.json lists the model vocabulary densely; added tokens must follow it without gaps.
+  // Control tokens inside it (SmolLM2's <|endoftext|> .. <empty_output> are ids 0..16) are also
+  // vocabulary entries in Hugging Face's own files; that works when the byte-level spelling of
+  // the text is the text itself (ASCII), so HF maps the added token onto that entry on load.
+  for (const tok::AddedToken& a : spec.added)
+    if (static_cast<size_t>(a.id) < spec.tokens.size() && spec.tokens[a.id].empty() && !a.content.empty() &&
+        tok::byte_level_encode(a.content) == a.content)
+      spec.tokens[a.id] = a.content;
   for (size_t id = 0; id < spec.tokens.size(); ++id)
     CORELM_CHECK(!spec.tokens[id].empty(), FormatError, source, ": token ", id,
                  " is not a normal token but lies inside the vocabulary; tokenizer.json cannot express that");

@@ -181,5 +181,27 @@ TEST(MissingByteTokens, GgufVocabularyEncodesLikeTheTokenizerJson) {
   EXPECT_NO_THROW(gguf_bpe_vocab_to_tokenizer_json(v, "tiny.gguf"));
 }
 
+// SmolLM2's GGUF layout: its control tokens are ids 0..16, before the byte tokens, and its
+// vocabulary lacks 21 byte tokens. `convert --to hf` writes such a vocabulary as a tokenizer.json
+// with the control tokens also in model.vocab (as HF's own files have them); it loads in ours
+// and in HF tokenizers and encodes like the GGUF.
+TEST(MissingByteTokens, SmolLM2LayoutConvertsToTokenizerJson) {
+  const std::string file = test::write_temp("tokenizer.json", test::tiny_json(tiny_missing(true)).dump());
+  GgufBpeVocab v = gguf_bpe_vocab_from_file(file);
+  v.tokens.insert(v.tokens.begin(), {"<|endoftext|>", "<|im_start|>"});
+  v.token_types.insert(v.token_types.begin(), {3, 3});
+  v.eos = 0;
+  auto from_gguf = tokenizer_from_gguf_bpe(v, "smol.gguf");
+  const std::string converted = test::write_temp("tokenizer.json", gguf_bpe_vocab_to_tokenizer_json(v, "smol.gguf"));
+  auto tok = Tokenizer::load(converted);
+  auto texts = texts_with_missing_bytes(200, 36);
+  texts.push_back("<|im_start|>user\x04 hi<|endoftext|>");
+  EncodeOptions parse;
+  parse.parse_special = true;
+  for (const auto& t : texts) EXPECT_EQ(tok->encode(t, parse), from_gguf->encode(t, parse)) << t;
+  EXPECT_EQ(tok->encode("<|im_start|>", parse), (std::vector<TokenId>{1}));
+  compare_with_hf(*tok, converted, texts, "SmolLM2-layout GGUF converted to tokenizer.json");
+}
+
 }  // namespace
 }  // namespace corelm
