@@ -15,6 +15,7 @@
 #include <set>
 
 #include "corelm/error.h"
+#include "corelm/utf8.h"
 #include "io/atomic_writer.h"
 
 namespace corelm::io {
@@ -163,7 +164,7 @@ void walk_elements(const uint8_t* data, uint64_t size, uint64_t& pos, GGUFType e
 // `where` ("GGUF 'file': metadata 'key'") prefixes every other error about it, then and later.
 GGUFValue read_value(Cursor& c, const uint8_t* base, uint64_t size, GGUFType type, const std::string& path,
                      const std::string& key) {
-  const std::string what = "metadata '" + key + "'", where = "GGUF '" + path + "': " + what;
+  const std::string what = "metadata '" + escape_invalid_utf8(key) + "'", where = "GGUF '" + path + "': " + what;
   GGUFValue v;
   v.type = type;
   v.where = where;
@@ -580,9 +581,11 @@ GGUFFile GGUFFile::open(const std::string& path) {
   for (uint64_t k = 0; k < n_kv; ++k) {
     const std::string what = "metadata key #" + std::to_string(k);
     std::string key = c.string(what);
-    const auto t = c.read<uint32_t>("type of metadata '" + key + "'");
-    CORELM_CHECK(known_value_type(t), FormatError, "GGUF '", path, "': metadata '", key, "' has unknown type ", t);
-    CORELM_CHECK(keys.insert(key).second, FormatError, "GGUF '", path, "': duplicate metadata key '", key, "'");
+    // Names from the file are bytes: shown with invalid UTF-8 escaped, as messages may end up in JSON.
+    const std::string shown = escape_invalid_utf8(key);
+    const auto t = c.read<uint32_t>("type of metadata '" + shown + "'");
+    CORELM_CHECK(known_value_type(t), FormatError, "GGUF '", path, "': metadata '", shown, "' has unknown type ", t);
+    CORELM_CHECK(keys.insert(key).second, FormatError, "GGUF '", path, "': duplicate metadata key '", shown, "'");
     GGUFValue v = read_value(c, static_cast<const uint8_t*>(addr), file_size, static_cast<GGUFType>(t), path, key);
     f.metadata_.emplace_back(std::move(key), std::move(v));
   }
@@ -597,25 +600,26 @@ GGUFFile GGUFFile::open(const std::string& path) {
   for (uint64_t k = 0; k < n_tensors; ++k) {
     GGUFTensorInfo info;
     info.name = c.string("name of tensor #" + std::to_string(k));
-    const std::string w = "GGUF '" + path + "': tensor '" + info.name + "': ";
+    const std::string shown = escape_invalid_utf8(info.name);
+    const std::string w = "GGUF '" + path + "': tensor '" + shown + "': ";
     CORELM_CHECK(names.insert(info.name).second, FormatError, w, "duplicate tensor name");
-    const auto n_dims = c.read<uint32_t>("n_dims of tensor '" + info.name + "'");
+    const auto n_dims = c.read<uint32_t>("n_dims of tensor '" + shown + "'");
     CORELM_CHECK(n_dims >= 1 && n_dims <= kMaxDims, FormatError, w, n_dims, " dimensions (1..", kMaxDims, " allowed)");
     uint64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
-      const auto ne = c.read<uint64_t>("dims of tensor '" + info.name + "'");
+      const auto ne = c.read<uint64_t>("dims of tensor '" + shown + "'");
       CORELM_CHECK(ne > 0 && ne <= file_size * 2 && numel <= (file_size * 2) / ne, FormatError, w, "dimension ", d,
                    " = ", ne, " is impossible for a ", file_size, "-byte file");
       numel *= ne;
       info.ne.push_back(static_cast<int64_t>(ne));
     }
-    const auto t = c.read<uint32_t>("type of tensor '" + info.name + "'");
+    const auto t = c.read<uint32_t>("type of tensor '" + shown + "'");
     CORELM_CHECK(known_ggml_type(t), FormatError, w, "unsupported ggml type ", t,
                  " (supported: F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30)");
     info.type = static_cast<GGMLType>(t);
     CORELM_CHECK(!is_block_type(info.type) || info.ne[0] % kBlock == 0, FormatError, w, "first dimension ",
                  info.ne[0], " is not a multiple of the ", ggml_type_name(info.type), " block size 32");
-    info.offset = c.read<uint64_t>("offset of tensor '" + info.name + "'");
+    info.offset = c.read<uint64_t>("offset of tensor '" + shown + "'");
     CORELM_CHECK(info.offset % f.alignment_ == 0, FormatError, w, "offset ", info.offset,
                  " is not a multiple of the alignment ", f.alignment_);
     info.nbytes = ggml_nbytes(info.type, static_cast<int64_t>(numel));
@@ -633,11 +637,11 @@ GGUFFile GGUFFile::open(const std::string& path) {
   for (size_t k = 0; k < order.size(); ++k) {
     const auto& t = *order[k];
     CORELM_CHECK(t.offset <= data_size && t.nbytes <= data_size - t.offset, FormatError, "GGUF '", path,
-                 "': tensor '", t.name, "' (", ggml_type_name(t.type), ", ", t.nbytes, " bytes at data offset ",
+                 "': tensor '", escape_invalid_utf8(t.name), "' (", ggml_type_name(t.type), ", ", t.nbytes, " bytes at data offset ",
                  t.offset, ") runs past the end of the file (data section is ", data_size, " bytes; truncated?)");
     if (k + 1 < order.size())
-      CORELM_CHECK(t.offset + t.nbytes <= order[k + 1]->offset, FormatError, "GGUF '", path, "': tensor '", t.name,
-                   "' overlaps tensor '", order[k + 1]->name, "'");
+      CORELM_CHECK(t.offset + t.nbytes <= order[k + 1]->offset, FormatError, "GGUF '", path, "': tensor '",
+                   escape_invalid_utf8(t.name), "' overlaps tensor '", escape_invalid_utf8(order[k + 1]->name), "'");
   }
   return f;
 }

@@ -6,6 +6,7 @@
 
 #include "corelm/error.h"
 #include "corelm/gguf.h"
+#include "corelm/utf8.h"
 
 namespace corelm::io {
 
@@ -115,7 +116,7 @@ GGUFModel load_gguf_model(const std::string& path) {
   const GGUFValue* a = f.find("general.architecture");
   CORELM_CHECK(a && a->type == GGUFType::String, FormatError, w, "missing general.architecture");
   const std::string arch = a->s;
-  CORELM_CHECK(arch == "llama" || arch == "qwen2", FormatError, w, "architecture '", arch,
+  CORELM_CHECK(arch == "llama" || arch == "qwen2", FormatError, w, "architecture '", escape_invalid_utf8(arch),
                "' not supported (llama, qwen2)");
   auto num = [&](const std::string& key) -> const GGUFValue* {
     const GGUFValue* v = f.find(arch + "." + key);
@@ -149,7 +150,7 @@ GGUFModel load_gguf_model(const std::string& path) {
       hf = hf_name_from_gguf(info.name);
     } catch (const ValueError&) {
       if (info.name == "rope_freqs.weight") continue;  // precomputed RoPE table llama.cpp may add
-      throw FormatError(w + "tensor '" + info.name + "' is not a Llama/Qwen2 tensor");
+      throw FormatError(w + "tensor '" + escape_invalid_utf8(info.name) + "' is not a Llama/Qwen2 tensor");
     }
     by_name[hf] = f.get(info.name).to(DType::F32);
   }
