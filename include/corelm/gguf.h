@@ -31,7 +31,6 @@ enum class GGMLType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30
 const char* ggml_type_name(GGMLType t);
 uint64_t ggml_nbytes(GGMLType t, int64_t numel);  // numel a multiple of 32 for block types
 
-class GGUFArray;
 struct GGUFValue;
 
 // An array value. Its elements stay in their GGUF encoding (numbers little-endian, strings as a

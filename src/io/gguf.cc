@@ -238,18 +238,21 @@ uint64_t ggml_nbytes(GGMLType t, int64_t numel) {
   return 0;
 }
 
-// ---- values ---------------------------------------------------------------------------------
+// ---- arrays ---------------------------------------------------------------------------------
 
 namespace {
 
 bool is_integer(GGUFType t) { return scalar_size(t) > 0 && t != GGUFType::Float32 && t != GGUFType::Float64; }
 bool is_numeric(GGUFType t) { return scalar_size(t) > 0; }
 
-// A value read from a file is a FormatError naming file and key; one built in memory is a
-// caller's ValueError.
+// A value read from a file is at fault: FormatError prefixed by its `where` (file and key). One
+// built in memory (empty `where`) is the caller's: ValueError.
+[[noreturn]] void fail(const std::string& where, const std::string& message) {
+  if (where.empty()) throw ValueError("GGUF value" + message);
+  throw FormatError(where + message);
+}
 [[noreturn]] void type_error(const std::string& where, const std::string& actual, const std::string& expected) {
-  if (where.empty()) throw ValueError("GGUF value of type " + actual + " is not " + expected);
-  throw FormatError(where + " is " + actual + ", expected " + expected);
+  fail(where, " is " + actual + ", expected " + expected);
 }
 
 template <typename T> T load(const char* p) {
@@ -296,8 +299,8 @@ int64_t GGUFArray::int_at(size_t k) const {
     case GGUFType::Int64: return load<int64_t>(p);
     case GGUFType::Uint64: {
       const auto u = load<uint64_t>(p);
-      CORELM_CHECK(u <= static_cast<uint64_t>(INT64_MAX), FormatError, describe(), "[", k, "] = ", u,
-                   " is more than an int64 can hold");
+      if (u > static_cast<uint64_t>(INT64_MAX))
+        fail(where_, "[" + std::to_string(k) + "] = " + std::to_string(u) + " is more than an int64 can hold");
       return static_cast<int64_t>(u);
     }
     default: break;
@@ -306,11 +309,13 @@ int64_t GGUFArray::int_at(size_t k) const {
 }
 
 double GGUFArray::float_at(size_t k) const {
-  if (type_ == GGUFType::Float32) return check_index(k), load<float>(bytes_.data() + start_of(k));
-  if (type_ == GGUFType::Float64) return check_index(k), load<double>(bytes_.data() + start_of(k));
   if (!is_numeric(type_))
     type_error(where_, "an array of " + std::string(gguf_type_name(type_)), "an array of numbers");
-  if (type_ == GGUFType::Uint64) return check_index(k), static_cast<double>(load<uint64_t>(bytes_.data() + start_of(k)));
+  check_index(k);
+  const char* p = bytes_.data() + start_of(k);
+  if (type_ == GGUFType::Float32) return load<float>(p);
+  if (type_ == GGUFType::Float64) return load<double>(p);
+  if (type_ == GGUFType::Uint64) return static_cast<double>(load<uint64_t>(p));  // any size as a double
   return static_cast<double>(int_at(k));
 }
 
@@ -436,24 +441,15 @@ GGUFValue GGUFValue::of_ints(GGUFType et, const std::vector<int64_t>& values) {
 }
 int64_t GGUFValue::as_int() const {
   if (!is_integer(type)) type_error(where, type_phrase(type, array.type()), "an integer");
-  if (type == GGUFType::Uint64) {
-    if (u > static_cast<uint64_t>(INT64_MAX)) {
-      const std::string w = where.empty() ? "GGUF value" : where;
-      if (where.empty()) throw ValueError(w + " = " + std::to_string(u) + " is more than an int64 can hold");
-      throw FormatError(w + " = " + std::to_string(u) + " is more than an int64 can hold");
-    }
-    return static_cast<int64_t>(u);
-  }
+  // Wrapping 2^64 - 1 to -1 would pass for a valid id or size further on: refused by name.
+  if (type == GGUFType::Uint64 && u > static_cast<uint64_t>(INT64_MAX))
+    fail(where, " = " + std::to_string(u) + " is more than an int64 can hold");
   return is_unsigned(type) ? static_cast<int64_t>(u) : i;
 }
 int64_t GGUFValue::as_int(int64_t lo, int64_t hi) const {
   const int64_t x = as_int();
-  if (x < lo || x > hi) {
-    const std::string msg = (where.empty() ? std::string("GGUF value") : where) + " = " + std::to_string(x) +
-                            " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-    if (where.empty()) throw ValueError(msg);
-    throw FormatError(msg);
-  }
+  if (x < lo || x > hi)
+    fail(where, " = " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return x;
 }
 double GGUFValue::as_float() const {
