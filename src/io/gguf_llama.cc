@@ -114,13 +114,14 @@ GGUFModel load_gguf_model(const std::string& path) {
   GGUFFile f = GGUFFile::open(path);
   const std::string w = "GGUF '" + path + "': ";
   const GGUFValue* a = f.find("general.architecture");
-  CORELM_CHECK(a && a->type == GGUFType::String, FormatError, w, "missing general.architecture");
-  const std::string arch = a->s;
+  CORELM_CHECK(a, FormatError, w, "missing general.architecture");
+  const std::string arch = a->as_string();  // a FormatError naming file, key and type otherwise
   CORELM_CHECK(arch == "llama" || arch == "qwen2", FormatError, w, "architecture '", escape_invalid_utf8(arch),
                "' not supported (llama, qwen2)");
   auto num = [&](const std::string& key) -> const GGUFValue* {
     const GGUFValue* v = f.find(arch + "." + key);
-    CORELM_CHECK(!v || v->type != GGUFType::String, FormatError, w, "key ", arch, ".", key, " is a string");
+    CORELM_CHECK(!v || v->type != GGUFType::String, FormatError, w, "metadata '", arch, ".", key,
+                 "' is string, expected a number");
     return v;
   };
   auto need = [&](const std::string& key) {

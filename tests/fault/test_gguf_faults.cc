@@ -115,7 +115,7 @@ TEST(GgufFaults, HugeMetadataArrayIsInspectedInBoundedMemory) {
 // Defect 11: a GGUF string holding 0xFF ended `inspect` in "internal error: json type_error.316".
 TEST(GgufFaults, NonUtf8StringsAreEscapedByInspect) {
   ScratchDir d("gguf_utf8");
-  const std::string file = d / "bad.gguf";
+  const std::string file = d / "bad\xFF.gguf";  // a legal Linux file name
   io::save_gguf(file,
                 {{"general.architecture", io::GGUFValue::of_string("llama")},
                  {"general.name", io::GGUFValue::of_string("bad\xFFname")},
@@ -133,6 +133,7 @@ TEST(GgufFaults, NonUtf8StringsAreEscapedByInspect) {
   EXPECT_EQ(j["metadata"]["general.name"], "bad\\xFFname");
   EXPECT_EQ(j["metadata"]["weird.\\xFE.key"][1], "x\\xC0y");
   EXPECT_EQ(j["tensors"][0]["name"], "t\\xFF");
+  EXPECT_TRUE(contains(j["path"].get<std::string>(), "bad\\xFF.gguf")) << j["path"];
 }
 
 // Defect 11, the tokenizer side: a control token that is not UTF-8 loads (GGUF strings are
