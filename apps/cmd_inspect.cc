@@ -14,6 +14,7 @@
 #include "corelm/gguf.h"
 #include "corelm/llama2c.h"
 #include "corelm/safetensors.h"
+#include "corelm/utf8.h"
 
 namespace corelm::cli {
 namespace {
@@ -25,6 +26,11 @@ struct InspectArgs {
   std::string path;
   bool json = false;
 };
+
+// Strings from files (GGUF keys, values and tensor names; file names) are raw bytes, and JSON
+// output must be valid UTF-8: invalid bytes are shown as "\xNN" rather than failing the whole
+// dump (issue 13).
+std::string text(std::string_view s) { return escape_invalid_utf8(s); }
 
 ojson tensor_entry(const std::string& name, const std::string& dtype, const Shape& shape, uint64_t bytes,
                    int64_t& total) {
@@ -39,7 +45,7 @@ void add_safetensors(const std::string& file, ojson& tensors, int64_t& total, oj
   if (metadata && !f.metadata().empty()) *metadata = f.metadata();
   for (const auto& name : f.names()) {
     Tensor t = f.get(name);
-    tensors.push_back(tensor_entry(name, dtype_name(t.dtype()), t.shape(),
+    tensors.push_back(tensor_entry(text(name), dtype_name(t.dtype()), t.shape(),
                                    static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype()), total));
   }
 }
@@ -47,14 +53,14 @@ void add_safetensors(const std::string& file, ojson& tensors, int64_t& total, oj
 ojson gguf_value_json(const io::GGUFValue& v) {
   using T = io::GGUFType;
   switch (v.type) {
-    case T::String: return v.s;
+    case T::String: return text(v.s);
     case T::Bool: return v.i != 0;
     case T::Float32: case T::Float64: return v.f;
     case T::Uint64: return v.u;
     case T::Array:
       // Vocabularies hold 10^5 entries: a summary says enough.
       if (v.array.size() > 16)
-        return "[" + std::to_string(v.array.size()) + " x " + io::gguf_type_name(v.array_type) + "]";
+        return "[" + std::to_string(v.array.size()) + " x " + io::gguf_type_name(v.array.type()) + "]";
       else {
         ojson a = ojson::array();
         for (const auto& e : v.array) a.push_back(gguf_value_json(e));
@@ -77,7 +83,7 @@ std::string detect(const std::string& path) {
 
 ojson inspect(const std::string& path) {
   std::string format = detect(path);
-  ojson out = {{"path", path}, {"format", format}};
+  ojson out = {{"path", text(path)}, {"format", format}};
   ojson tensors = ojson::array();
   int64_t total = 0;
   std::string file = path;
@@ -116,20 +122,20 @@ ojson inspect(const std::string& path) {
     auto f = io::GGUFFile::open(file);
     out["version"] = f.version();
     ojson meta = ojson::object();
-    for (const auto& [k, v] : f.metadata()) meta[k] = gguf_value_json(v);
+    for (const auto& [k, v] : f.metadata()) meta[text(k)] = gguf_value_json(v);
     out["metadata"] = meta;
     for (const auto& t : f.tensors())
-      tensors.push_back(tensor_entry(t.name, io::ggml_type_name(t.type), t.shape(), t.nbytes, total));
+      tensors.push_back(tensor_entry(text(t.name), io::ggml_type_name(t.type), t.shape(), t.nbytes, total));
     try {
       out["config"] = io::load_gguf_model(file).config;
     } catch (const Error& e) {
-      out["config_error"] = e.what();  // not a Llama/Qwen2 model file (e.g. vocab-only)
+      out["config_error"] = text(e.what());  // not a Llama/Qwen2 model file (e.g. vocab-only)
     }
   } else {
     auto ck = io::load_llama2c_checkpoint(file);
     out["config"] = ck.config;
     for (const auto& [name, t] : ck.tensors)
-      tensors.push_back(tensor_entry(name, "f32", t.shape(), static_cast<uint64_t>(t.numel()) * 4, total));
+      tensors.push_back(tensor_entry(text(name), "f32", t.shape(), static_cast<uint64_t>(t.numel()) * 4, total));
   }
   uint64_t bytes = 0;
   for (const auto& t : tensors) bytes += t["bytes"].get<uint64_t>();
@@ -142,7 +148,8 @@ ojson inspect(const std::string& path) {
 void run(const InspectArgs& args) {
   const ojson r = inspect(args.path);
   if (args.json) {
-    std::cout << r.dump(2) << "\n";
+    // Every string from a file was escaped above; `replace` only guards against one missed.
+    std::cout << r.dump(2, ' ', false, ojson::error_handler_t::replace) << "\n";
     return;
   }
   std::cout << "path:       " << r["path"].get<std::string>() << "\nformat:     " << r["format"].get<std::string>();
@@ -157,7 +164,7 @@ void run(const InspectArgs& args) {
               << ", tied " << (c.value("tie_word_embeddings", false) ? "yes" : "no") << "\n";
   }
   if (r.contains("metadata"))
-    for (const auto& [k, v] : r["metadata"].items()) std::cout << "  " << k << " = " << v.dump() << "\n";
+    for (const auto& [k, v] : r["metadata"].items()) std::cout << "  " << k << " = " << v.dump(-1, ' ', false, ojson::error_handler_t::replace) << "\n";
   std::cout << "tensors:    " << r["tensors"].size() << "\n";
   for (const auto& t : r["tensors"])
     std::cout << "  " << t["name"].get<std::string>() << "  " << t["dtype"].get<std::string>() << "  "

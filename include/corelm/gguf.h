@@ -6,10 +6,12 @@
 // offsets, tensor bytes inside the file) before returning; every error names the file and the
 // key or tensor concerned.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,28 +31,110 @@ enum class GGMLType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30
 const char* ggml_type_name(GGMLType t);
 uint64_t ggml_nbytes(GGMLType t, int64_t numel);  // numel a multiple of 32 for block types
 
+struct GGUFValue;
+
+// An array value. Its elements stay in their GGUF encoding (numbers little-endian, strings as a
+// u64 length + bytes, nested arrays as element type + count + elements), validated once when
+// read, plus the start offset of each element when elements vary in size. So an array costs
+// about its own bytes in the file; one object per element cost ~165x (issue 13: a 17.8 MB file
+// holding a 16M-element uint8 array took 2.9 GB). Element accessors check the element type and
+// name the file, key and index in the error when the array was read from a file.
+class GGUFArray {
+ public:
+  GGUFArray() = default;
+  explicit GGUFArray(GGUFType element_type) : type_(element_type) {}
+
+  GGUFType type() const { return type_; }  // the element type
+  size_t size() const { return static_cast<size_t>(n_); }
+  bool empty() const { return n_ == 0; }
+
+  int64_t int_at(size_t k) const;           // integer and bool elements
+  double float_at(size_t k) const;          // any numeric element
+  std::string_view string_at(size_t k) const;
+  GGUFArray array_at(size_t k) const;       // a nested array, decoded on access
+  GGUFValue operator[](size_t k) const;     // one element as a value, for generic code
+
+  // The whole array, converted; FormatError/ValueError naming the key when the element type
+  // does not fit (ints: integer or bool elements; floats: any numeric; strings: strings).
+  std::vector<int64_t> ints() const;
+  std::vector<double> floats() const;
+  std::vector<std::string> strings() const;
+
+  void push_back(const GGUFValue& v);  // appends v, encoded; ValueError unless v.type == type()
+
+  // Iteration yields elements by value (as operator[]).
+  class const_iterator {
+   public:
+    using value_type = GGUFValue;
+    using difference_type = std::ptrdiff_t;
+    const_iterator(const GGUFArray* a, size_t k) : a_(a), k_(k) {}
+    GGUFValue operator*() const;
+    const_iterator& operator++() { ++k_; return *this; }
+    bool operator==(const const_iterator& o) const { return k_ == o.k_; }
+    bool operator!=(const const_iterator& o) const { return k_ != o.k_; }
+   private:
+    const GGUFArray* a_;
+    size_t k_;
+  };
+  const_iterator begin() const { return {this, 0}; }
+  const_iterator end() const { return {this, size()}; }
+
+  bool operator==(const GGUFArray& o) const;  // same element type and the same encoded elements
+
+  // "GGUF 'file': metadata 'key'" for an array read from a file (empty when built in memory):
+  // the prefix of every error about it.
+  const std::string& where() const { return where_; }
+  void set_where(std::string w) { where_ = std::move(w); }
+  const std::string& encoded() const { return bytes_; }  // the elements as stored in GGUF
+
+  // Reads `n` elements of `element_type` at the cursor position of `data` (bounds, bool bytes,
+  // nested element types and `depth` checked: FormatError naming `what`). Used by the reader.
+  static GGUFArray decode(const uint8_t* data, uint64_t size, uint64_t& pos, GGUFType element_type, uint64_t n,
+                          const std::string& what, int depth);
+
+ private:
+  std::string describe() const;  // where_ or "GGUF array"
+  void check_index(size_t k) const;
+  uint64_t start_of(size_t k) const;  // byte offset of element k in bytes_
+
+  GGUFType type_ = GGUFType::Uint8;
+  uint64_t n_ = 0;
+  std::string bytes_;
+  std::vector<uint64_t> offsets_;  // element starts, for string and array elements only
+  std::string where_;
+};
+
 // One metadata value. Integers are kept in `i` (signed types and bool) or `u` (unsigned types),
-// floats in `f`; arrays hold their elements (all of `array_type`) in `array`.
+// floats in `f`, strings in `s`, arrays in `array`. The conversions check the type and, for a
+// value read from a file, name the file and key (`where`) and the expected and actual types.
 struct GGUFValue {
   GGUFType type = GGUFType::Uint32;
-  GGUFType array_type = GGUFType::Uint8;
   int64_t i = 0;
   uint64_t u = 0;
   double f = 0;
   std::string s;
-  std::vector<GGUFValue> array;
+  GGUFArray array;
+  std::string where;  // "GGUF 'file': metadata 'key'" when read from a file, else empty
 
   static GGUFValue of(GGUFType t, int64_t signed_or_unsigned);  // integer types and Bool
   static GGUFValue of_float(GGUFType t, double v);             // Float32 / Float64
   static GGUFValue of_string(std::string v);
-  static GGUFValue of_array(GGUFType element_type, std::vector<GGUFValue> values);
+  static GGUFValue of_array(GGUFType element_type, const std::vector<GGUFValue>& values);
+  static GGUFValue of_array(GGUFArray values);
   static GGUFValue of_strings(const std::vector<std::string>& values);
+  static GGUFValue of_ints(GGUFType element_type, const std::vector<int64_t>& values);
 
-  // Conversions; ValueError naming the actual type when it does not fit.
+  // Conversions: FormatError (read from a file) or ValueError (built in memory) naming the
+  // actual and expected type when it does not fit. as_int refuses uint64 values above
+  // INT64_MAX; the ranged form also refuses values outside [lo, hi], naming them.
   int64_t as_int() const;
+  int64_t as_int(int64_t lo, int64_t hi) const;
   double as_float() const;  // any numeric type
   const std::string& as_string() const;
-  bool operator==(const GGUFValue& o) const;
+  bool as_bool() const;     // bool or integer (non-zero)
+  const GGUFArray& as_array() const;                        // an array of any element type
+  const GGUFArray& as_array(GGUFType element_type) const;  // an array of that element type
+  bool operator==(const GGUFValue& o) const;  // ignores `where`
 };
 
 struct GGUFTensorInfo {

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "corelm/error.h"
+#include "corelm/utf8.h"
 #include "io/atomic_writer.h"
 
 namespace corelm::io {
@@ -64,6 +65,7 @@ class Cursor {
     pos_ += sizeof(T);
     return v;
   }
+  void skip(uint64_t n) { pos_ += n; }
   std::string string(const std::string& what) {
     const uint64_t n = read<uint64_t>(what + " length");
     need(n, what + " (length " + std::to_string(n) + ")");
@@ -78,44 +80,10 @@ class Cursor {
   const std::string& path_;
 };
 
-GGUFValue read_value(Cursor& c, GGUFType type, const std::string& what, const std::string& path, int depth) {
-  GGUFValue v;
-  v.type = type;
-  switch (type) {
-    case GGUFType::Uint8: v.u = c.read<uint8_t>(what); break;
-    case GGUFType::Uint16: v.u = c.read<uint16_t>(what); break;
-    case GGUFType::Uint32: v.u = c.read<uint32_t>(what); break;
-    case GGUFType::Uint64: v.u = c.read<uint64_t>(what); break;
-    case GGUFType::Int8: v.i = c.read<int8_t>(what); break;
-    case GGUFType::Int16: v.i = c.read<int16_t>(what); break;
-    case GGUFType::Int32: v.i = c.read<int32_t>(what); break;
-    case GGUFType::Int64: v.i = c.read<int64_t>(what); break;
-    case GGUFType::Bool: {
-      const uint8_t b = c.read<uint8_t>(what);
-      CORELM_CHECK(b <= 1, FormatError, "GGUF '", path, "': ", what, " is a bool with byte value ", int(b));
-      v.i = b;
-      break;
-    }
-    case GGUFType::Float32: v.f = c.read<float>(what); break;
-    case GGUFType::Float64: v.f = c.read<double>(what); break;
-    case GGUFType::String: v.s = c.string(what); break;
-    case GGUFType::Array: {
-      CORELM_CHECK(depth < static_cast<int>(kMaxArrayNesting), FormatError, "GGUF '", path, "': ", what,
-                   " nests arrays deeper than ", kMaxArrayNesting);
-      const uint32_t et = c.read<uint32_t>(what + " element type");
-      CORELM_CHECK(known_value_type(et), FormatError, "GGUF '", path, "': ", what, " has unknown element type ", et);
-      v.array_type = static_cast<GGUFType>(et);
-      const uint64_t n = c.read<uint64_t>(what + " element count");
-      // Each element takes at least one byte (strings 8): a count the rest of the file cannot hold is corrupt.
-      const uint64_t min_each = v.array_type == GGUFType::String ? 8 : std::max<size_t>(1, scalar_size(v.array_type));
-      CORELM_CHECK(n <= c.left() / min_each, FormatError, "GGUF '", path, "': ", what, " claims ", n,
-                   " elements, more than the remaining ", c.left(), " bytes can hold");
-      v.array.reserve(n);
-      for (uint64_t k = 0; k < n; ++k) v.array.push_back(read_value(c, v.array_type, what, path, depth + 1));
-      break;
-    }
-  }
-  return v;
+// Element-type phrases for errors: "uint8", "string", "array of int32".
+std::string type_phrase(GGUFType t, GGUFType element) {
+  if (t == GGUFType::Array) return std::string("array of ") + gguf_type_name(element);
+  return gguf_type_name(t);
 }
 
 void put_value(std::string& out, const GGUFValue& v) {
@@ -134,15 +102,101 @@ void put_value(std::string& out, const GGUFValue& v) {
     case GGUFType::Float64: put(static_cast<double>(v.f)); break;
     case GGUFType::String: put(static_cast<uint64_t>(v.s.size())); out += v.s; break;
     case GGUFType::Array:
-      put(static_cast<uint32_t>(v.array_type));
+      put(static_cast<uint32_t>(v.array.type()));
       put(static_cast<uint64_t>(v.array.size()));
-      for (const auto& e : v.array) {
-        CORELM_CHECK(e.type == v.array_type, ValueError, "GGUF: array of ", gguf_type_name(v.array_type),
-                     " holds a ", gguf_type_name(e.type));
-        put_value(out, e);
-      }
+      out += v.array.encoded();
       break;
   }
+}
+
+// Validates `n` encoded elements of type `et` at data[pos..size) and moves pos past them,
+// recording each element's start (relative to `base`) in `offsets` when given. Nothing is
+// allocated per element, so a crafted count costs at most a walk over the file's bytes.
+void walk_elements(const uint8_t* data, uint64_t size, uint64_t& pos, GGUFType et, uint64_t n,
+                   const std::string& what, int depth, uint64_t base, std::vector<uint64_t>* offsets) {
+  auto need = [&](uint64_t bytes, uint64_t k) {
+    CORELM_CHECK(bytes <= size - pos, FormatError, what, ": truncated in element ", k, " (needs ", bytes,
+                 " bytes at offset ", pos, ", ", size - pos, " left)");
+  };
+  // Each element takes at least one byte (strings 8, arrays 12): a count the rest of the data
+  // cannot hold is corrupt, and refusing it up front bounds the walk.
+  const uint64_t min_each = et == GGUFType::String  ? 8
+                            : et == GGUFType::Array ? 12
+                                                    : std::max<uint64_t>(1, scalar_size(et));
+  CORELM_CHECK(n <= (size - pos) / min_each, FormatError, what, " claims ", n, " elements of ",
+               gguf_type_name(et), ", more than the remaining ", size - pos, " bytes can hold");
+  if (et != GGUFType::String && et != GGUFType::Array) {
+    const uint64_t bytes = n * scalar_size(et);
+    if (et == GGUFType::Bool)
+      for (uint64_t k = 0; k < n; ++k)
+        CORELM_CHECK(data[pos + k] <= 1, FormatError, what, "[", k, "] is a bool with byte value ",
+                     int(data[pos + k]));
+    pos += bytes;
+    return;
+  }
+  if (offsets) offsets->reserve(n);
+  for (uint64_t k = 0; k < n; ++k) {
+    if (offsets) offsets->push_back(pos - base);
+    if (et == GGUFType::String) {
+      need(8, k);
+      uint64_t len;
+      std::memcpy(&len, data + pos, 8);
+      pos += 8;
+      need(len, k);
+      pos += len;
+    } else {
+      CORELM_CHECK(depth + 1 < static_cast<int>(kMaxArrayNesting), FormatError, what, " nests arrays deeper than ",
+                   kMaxArrayNesting);
+      need(12, k);
+      uint32_t inner;
+      uint64_t count;
+      std::memcpy(&inner, data + pos, 4);
+      std::memcpy(&count, data + pos + 4, 8);
+      pos += 12;
+      const std::string inner_what = what + "[" + std::to_string(k) + "]";
+      CORELM_CHECK(known_value_type(inner), FormatError, inner_what, " has unknown element type ", inner);
+      walk_elements(data, size, pos, static_cast<GGUFType>(inner), count, inner_what, depth + 1, base, nullptr);
+    }
+  }
+}
+
+// One metadata value. `what` ("metadata 'key'") names it in the cursor's truncation errors;
+// `where` ("GGUF 'file': metadata 'key'") prefixes every other error about it, then and later.
+GGUFValue read_value(Cursor& c, const uint8_t* base, uint64_t size, GGUFType type, const std::string& path,
+                     const std::string& key) {
+  const std::string what = "metadata '" + escape_invalid_utf8(key) + "'", where = "GGUF '" + path + "': " + what;
+  GGUFValue v;
+  v.type = type;
+  v.where = where;
+  switch (type) {
+    case GGUFType::Uint8: v.u = c.read<uint8_t>(what); break;
+    case GGUFType::Uint16: v.u = c.read<uint16_t>(what); break;
+    case GGUFType::Uint32: v.u = c.read<uint32_t>(what); break;
+    case GGUFType::Uint64: v.u = c.read<uint64_t>(what); break;
+    case GGUFType::Int8: v.i = c.read<int8_t>(what); break;
+    case GGUFType::Int16: v.i = c.read<int16_t>(what); break;
+    case GGUFType::Int32: v.i = c.read<int32_t>(what); break;
+    case GGUFType::Int64: v.i = c.read<int64_t>(what); break;
+    case GGUFType::Bool: {
+      const uint8_t b = c.read<uint8_t>(what);
+      CORELM_CHECK(b <= 1, FormatError, where, " is a bool with byte value ", int(b));
+      v.i = b;
+      break;
+    }
+    case GGUFType::Float32: v.f = c.read<float>(what); break;
+    case GGUFType::Float64: v.f = c.read<double>(what); break;
+    case GGUFType::String: v.s = c.string(what); break;
+    case GGUFType::Array: {
+      const uint32_t et = c.read<uint32_t>(what + " element type");
+      CORELM_CHECK(known_value_type(et), FormatError, where, " has unknown element type ", et);
+      const uint64_t n = c.read<uint64_t>(what + " element count");
+      uint64_t pos = c.pos();
+      v.array = GGUFArray::decode(base, size, pos, static_cast<GGUFType>(et), n, where, 0);
+      c.skip(pos - c.pos());
+      break;
+    }
+  }
+  return v;
 }
 
 void put_string(std::string& out, const std::string& s) {
@@ -184,13 +238,168 @@ uint64_t ggml_nbytes(GGMLType t, int64_t numel) {
   return 0;
 }
 
+// ---- arrays ---------------------------------------------------------------------------------
+
+namespace {
+
+bool is_integer(GGUFType t) { return scalar_size(t) > 0 && t != GGUFType::Float32 && t != GGUFType::Float64; }
+bool is_numeric(GGUFType t) { return scalar_size(t) > 0; }
+
+// A value read from a file is at fault: FormatError prefixed by its `where` (file and key). One
+// built in memory (empty `where`) is the caller's: ValueError.
+[[noreturn]] void fail(const std::string& where, const std::string& message) {
+  if (where.empty()) throw ValueError("GGUF value" + message);
+  throw FormatError(where + message);
+}
+[[noreturn]] void type_error(const std::string& where, const std::string& actual, const std::string& expected) {
+  fail(where, " is " + actual + ", expected " + expected);
+}
+
+template <typename T> T load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+std::string GGUFArray::describe() const { return where_.empty() ? "GGUF array" : where_; }
+
+void GGUFArray::check_index(size_t k) const {
+  CORELM_CHECK(k < n_, IndexError, describe(), ": index ", k, " is outside its ", n_, " elements");
+}
+
+uint64_t GGUFArray::start_of(size_t k) const {
+  return type_ == GGUFType::String || type_ == GGUFType::Array ? offsets_[k] : k * scalar_size(type_);
+}
+
+GGUFArray GGUFArray::decode(const uint8_t* data, uint64_t size, uint64_t& pos, GGUFType et, uint64_t n,
+                            const std::string& what, int depth) {
+  GGUFArray a(et);
+  const uint64_t start = pos;
+  walk_elements(data, size, pos, et, n, what, depth, start, &a.offsets_);
+  a.n_ = n;
+  a.bytes_.assign(reinterpret_cast<const char*>(data + start), pos - start);
+  a.where_ = what;
+  return a;
+}
+
+int64_t GGUFArray::int_at(size_t k) const {
+  if (!is_integer(type_))
+    type_error(where_, "an array of " + std::string(gguf_type_name(type_)), "an array of integers");
+  check_index(k);
+  const char* p = bytes_.data() + start_of(k);
+  switch (type_) {
+    case GGUFType::Uint8: case GGUFType::Bool: return load<uint8_t>(p);
+    case GGUFType::Int8: return load<int8_t>(p);
+    case GGUFType::Uint16: return load<uint16_t>(p);
+    case GGUFType::Int16: return load<int16_t>(p);
+    case GGUFType::Uint32: return load<uint32_t>(p);
+    case GGUFType::Int32: return load<int32_t>(p);
+    case GGUFType::Int64: return load<int64_t>(p);
+    case GGUFType::Uint64: {
+      const auto u = load<uint64_t>(p);
+      if (u > static_cast<uint64_t>(INT64_MAX))
+        fail(where_, "[" + std::to_string(k) + "] = " + std::to_string(u) + " is more than an int64 can hold");
+      return static_cast<int64_t>(u);
+    }
+    default: break;
+  }
+  return 0;  // unreachable: is_integer above
+}
+
+double GGUFArray::float_at(size_t k) const {
+  if (!is_numeric(type_))
+    type_error(where_, "an array of " + std::string(gguf_type_name(type_)), "an array of numbers");
+  check_index(k);
+  const char* p = bytes_.data() + start_of(k);
+  if (type_ == GGUFType::Float32) return load<float>(p);
+  if (type_ == GGUFType::Float64) return load<double>(p);
+  if (type_ == GGUFType::Uint64) return static_cast<double>(load<uint64_t>(p));  // any size as a double
+  return static_cast<double>(int_at(k));
+}
+
+std::string_view GGUFArray::string_at(size_t k) const {
+  if (type_ != GGUFType::String)
+    type_error(where_, "an array of " + std::string(gguf_type_name(type_)), "an array of strings");
+  check_index(k);
+  const char* p = bytes_.data() + offsets_[k];
+  return {p + 8, static_cast<size_t>(load<uint64_t>(p))};
+}
+
+GGUFArray GGUFArray::array_at(size_t k) const {
+  if (type_ != GGUFType::Array)
+    type_error(where_, "an array of " + std::string(gguf_type_name(type_)), "an array of arrays");
+  check_index(k);
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes_.data());
+  uint64_t pos = offsets_[k];
+  const auto et = static_cast<GGUFType>(load<uint32_t>(bytes_.data() + pos));
+  const auto n = load<uint64_t>(bytes_.data() + pos + 4);
+  pos += 12;
+  // Validated when read; decoding again only re-derives the element offsets.
+  GGUFArray inner = decode(data, bytes_.size(), pos, et, n, describe() + "[" + std::to_string(k) + "]", 0);
+  if (where_.empty()) inner.where_.clear();
+  return inner;
+}
+
+GGUFValue GGUFArray::operator[](size_t k) const {
+  check_index(k);
+  GGUFValue v;
+  v.type = type_;
+  if (!where_.empty()) v.where = where_ + "[" + std::to_string(k) + "]";
+  const char* p = bytes_.data() + start_of(k);
+  switch (type_) {
+    case GGUFType::String: v.s = std::string(string_at(k)); break;
+    case GGUFType::Array: v.array = array_at(k); break;
+    case GGUFType::Float32: v.f = load<float>(p); break;
+    case GGUFType::Float64: v.f = load<double>(p); break;
+    case GGUFType::Uint64: v.u = load<uint64_t>(p); break;
+    default:
+      if (is_unsigned(type_)) v.u = static_cast<uint64_t>(int_at(k));
+      else v.i = int_at(k);
+  }
+  return v;
+}
+
+GGUFValue GGUFArray::const_iterator::operator*() const { return (*a_)[k_]; }
+
+std::vector<int64_t> GGUFArray::ints() const {
+  std::vector<int64_t> out(size());
+  for (size_t k = 0; k < out.size(); ++k) out[k] = int_at(k);
+  if (out.empty() && !is_integer(type_)) int_at(0);  // the type error, even when empty
+  return out;
+}
+
+std::vector<double> GGUFArray::floats() const {
+  std::vector<double> out(size());
+  for (size_t k = 0; k < out.size(); ++k) out[k] = float_at(k);
+  if (out.empty() && !is_numeric(type_)) float_at(0);
+  return out;
+}
+
+std::vector<std::string> GGUFArray::strings() const {
+  std::vector<std::string> out(size());
+  for (size_t k = 0; k < out.size(); ++k) out[k] = std::string(string_at(k));
+  if (out.empty() && type_ != GGUFType::String) string_at(0);
+  return out;
+}
+
+void GGUFArray::push_back(const GGUFValue& v) {
+  CORELM_CHECK(v.type == type_, ValueError, describe(), ": an array of ", gguf_type_name(type_), " cannot hold a ",
+               gguf_type_name(v.type));
+  if (type_ == GGUFType::String || type_ == GGUFType::Array) offsets_.push_back(bytes_.size());
+  put_value(bytes_, v);
+  ++n_;
+}
+
+bool GGUFArray::operator==(const GGUFArray& o) const { return type_ == o.type_ && n_ == o.n_ && bytes_ == o.bytes_; }
+
 // ---- values ---------------------------------------------------------------------------------
 
 GGUFValue GGUFValue::of(GGUFType t, int64_t x) {
   GGUFValue v;
   v.type = t;
-  CORELM_CHECK(scalar_size(t) > 0 && t != GGUFType::Float32 && t != GGUFType::Float64, ValueError,
-               "GGUFValue::of: ", gguf_type_name(t), " is not an integer or bool type");
+  CORELM_CHECK(is_integer(t), ValueError, "GGUFValue::of: ", gguf_type_name(t), " is not an integer or bool type");
   if (is_unsigned(t)) v.u = static_cast<uint64_t>(x);
   else v.i = t == GGUFType::Bool ? (x != 0) : x;
   return v;
@@ -209,37 +418,69 @@ GGUFValue GGUFValue::of_string(std::string x) {
   v.s = std::move(x);
   return v;
 }
-GGUFValue GGUFValue::of_array(GGUFType et, std::vector<GGUFValue> values) {
+GGUFValue GGUFValue::of_array(GGUFArray values) {
   GGUFValue v;
   v.type = GGUFType::Array;
-  v.array_type = et;
   v.array = std::move(values);
   return v;
 }
+GGUFValue GGUFValue::of_array(GGUFType et, const std::vector<GGUFValue>& values) {
+  GGUFArray a(et);
+  for (const auto& e : values) a.push_back(e);
+  return of_array(std::move(a));
+}
 GGUFValue GGUFValue::of_strings(const std::vector<std::string>& values) {
-  std::vector<GGUFValue> vs;
-  vs.reserve(values.size());
-  for (const auto& s : values) vs.push_back(of_string(s));
-  return of_array(GGUFType::String, std::move(vs));
+  GGUFArray a(GGUFType::String);
+  for (const auto& s : values) a.push_back(of_string(s));
+  return of_array(std::move(a));
+}
+GGUFValue GGUFValue::of_ints(GGUFType et, const std::vector<int64_t>& values) {
+  GGUFArray a(et);
+  for (int64_t x : values) a.push_back(of(et, x));
+  return of_array(std::move(a));
 }
 int64_t GGUFValue::as_int() const {
-  CORELM_CHECK(scalar_size(type) > 0 && type != GGUFType::Float32 && type != GGUFType::Float64, ValueError,
-               "GGUF value of type ", gguf_type_name(type), " is not an integer");
+  if (!is_integer(type)) type_error(where, type_phrase(type, array.type()), "an integer");
+  // Wrapping 2^64 - 1 to -1 would pass for a valid id or size further on: refused by name.
+  if (type == GGUFType::Uint64 && u > static_cast<uint64_t>(INT64_MAX))
+    fail(where, " = " + std::to_string(u) + " is more than an int64 can hold");
   return is_unsigned(type) ? static_cast<int64_t>(u) : i;
+}
+int64_t GGUFValue::as_int(int64_t lo, int64_t hi) const {
+  const int64_t x = as_int();
+  if (x < lo || x > hi)
+    fail(where, " = " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
 }
 double GGUFValue::as_float() const {
   if (type == GGUFType::Float32 || type == GGUFType::Float64) return f;
+  if (!is_numeric(type)) type_error(where, type_phrase(type, array.type()), "a number");
+  if (type == GGUFType::Uint64) return static_cast<double>(u);
   return static_cast<double>(as_int());
 }
 const std::string& GGUFValue::as_string() const {
-  CORELM_CHECK(type == GGUFType::String, ValueError, "GGUF value of type ", gguf_type_name(type), " is not a string");
+  if (type != GGUFType::String) type_error(where, type_phrase(type, array.type()), "a string");
   return s;
+}
+bool GGUFValue::as_bool() const {
+  if (!is_integer(type)) type_error(where, type_phrase(type, array.type()), "a bool");
+  return is_unsigned(type) ? u != 0 : i != 0;
+}
+const GGUFArray& GGUFValue::as_array() const {
+  if (type != GGUFType::Array) type_error(where, type_phrase(type, array.type()), "an array");
+  return array;
+}
+const GGUFArray& GGUFValue::as_array(GGUFType et) const {
+  if (type != GGUFType::Array || array.type() != et)
+    type_error(where, type_phrase(type, array.type()), std::string("an array of ") + gguf_type_name(et));
+  return array;
 }
 bool GGUFValue::operator==(const GGUFValue& o) const {
   if (type != o.type) return false;
-  if (type == GGUFType::Array) return array_type == o.array_type && array == o.array;
+  if (type == GGUFType::Array) return array == o.array;
   if (type == GGUFType::String) return s == o.s;
   if (type == GGUFType::Float32 || type == GGUFType::Float64) return f == o.f || (std::isnan(f) && std::isnan(o.f));
+  if (type == GGUFType::Uint64) return u == o.u;
   return as_int() == o.as_int();
 }
 
@@ -336,10 +577,12 @@ GGUFFile GGUFFile::open(const std::string& path) {
   for (uint64_t k = 0; k < n_kv; ++k) {
     const std::string what = "metadata key #" + std::to_string(k);
     std::string key = c.string(what);
-    const auto t = c.read<uint32_t>("type of metadata '" + key + "'");
-    CORELM_CHECK(known_value_type(t), FormatError, "GGUF '", path, "': metadata '", key, "' has unknown type ", t);
-    CORELM_CHECK(keys.insert(key).second, FormatError, "GGUF '", path, "': duplicate metadata key '", key, "'");
-    GGUFValue v = read_value(c, static_cast<GGUFType>(t), "metadata '" + key + "'", path, 0);
+    // Names from the file are bytes: shown with invalid UTF-8 escaped, as messages may end up in JSON.
+    const std::string shown = escape_invalid_utf8(key);
+    const auto t = c.read<uint32_t>("type of metadata '" + shown + "'");
+    CORELM_CHECK(known_value_type(t), FormatError, "GGUF '", path, "': metadata '", shown, "' has unknown type ", t);
+    CORELM_CHECK(keys.insert(key).second, FormatError, "GGUF '", path, "': duplicate metadata key '", shown, "'");
+    GGUFValue v = read_value(c, static_cast<const uint8_t*>(addr), file_size, static_cast<GGUFType>(t), path, key);
     f.metadata_.emplace_back(std::move(key), std::move(v));
   }
   if (const GGUFValue* a = f.find("general.alignment")) {
@@ -353,25 +596,26 @@ GGUFFile GGUFFile::open(const std::string& path) {
   for (uint64_t k = 0; k < n_tensors; ++k) {
     GGUFTensorInfo info;
     info.name = c.string("name of tensor #" + std::to_string(k));
-    const std::string w = "GGUF '" + path + "': tensor '" + info.name + "': ";
+    const std::string shown = escape_invalid_utf8(info.name);
+    const std::string w = "GGUF '" + path + "': tensor '" + shown + "': ";
     CORELM_CHECK(names.insert(info.name).second, FormatError, w, "duplicate tensor name");
-    const auto n_dims = c.read<uint32_t>("n_dims of tensor '" + info.name + "'");
+    const auto n_dims = c.read<uint32_t>("n_dims of tensor '" + shown + "'");
     CORELM_CHECK(n_dims >= 1 && n_dims <= kMaxDims, FormatError, w, n_dims, " dimensions (1..", kMaxDims, " allowed)");
     uint64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
-      const auto ne = c.read<uint64_t>("dims of tensor '" + info.name + "'");
+      const auto ne = c.read<uint64_t>("dims of tensor '" + shown + "'");
       CORELM_CHECK(ne > 0 && ne <= file_size * 2 && numel <= (file_size * 2) / ne, FormatError, w, "dimension ", d,
                    " = ", ne, " is impossible for a ", file_size, "-byte file");
       numel *= ne;
       info.ne.push_back(static_cast<int64_t>(ne));
     }
-    const auto t = c.read<uint32_t>("type of tensor '" + info.name + "'");
+    const auto t = c.read<uint32_t>("type of tensor '" + shown + "'");
     CORELM_CHECK(known_ggml_type(t), FormatError, w, "unsupported ggml type ", t,
                  " (supported: F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30)");
     info.type = static_cast<GGMLType>(t);
     CORELM_CHECK(!is_block_type(info.type) || info.ne[0] % kBlock == 0, FormatError, w, "first dimension ",
                  info.ne[0], " is not a multiple of the ", ggml_type_name(info.type), " block size 32");
-    info.offset = c.read<uint64_t>("offset of tensor '" + info.name + "'");
+    info.offset = c.read<uint64_t>("offset of tensor '" + shown + "'");
     CORELM_CHECK(info.offset % f.alignment_ == 0, FormatError, w, "offset ", info.offset,
                  " is not a multiple of the alignment ", f.alignment_);
     info.nbytes = ggml_nbytes(info.type, static_cast<int64_t>(numel));
@@ -389,11 +633,11 @@ GGUFFile GGUFFile::open(const std::string& path) {
   for (size_t k = 0; k < order.size(); ++k) {
     const auto& t = *order[k];
     CORELM_CHECK(t.offset <= data_size && t.nbytes <= data_size - t.offset, FormatError, "GGUF '", path,
-                 "': tensor '", t.name, "' (", ggml_type_name(t.type), ", ", t.nbytes, " bytes at data offset ",
+                 "': tensor '", escape_invalid_utf8(t.name), "' (", ggml_type_name(t.type), ", ", t.nbytes, " bytes at data offset ",
                  t.offset, ") runs past the end of the file (data section is ", data_size, " bytes; truncated?)");
     if (k + 1 < order.size())
-      CORELM_CHECK(t.offset + t.nbytes <= order[k + 1]->offset, FormatError, "GGUF '", path, "': tensor '", t.name,
-                   "' overlaps tensor '", order[k + 1]->name, "'");
+      CORELM_CHECK(t.offset + t.nbytes <= order[k + 1]->offset, FormatError, "GGUF '", path, "': tensor '",
+                   escape_invalid_utf8(t.name), "' overlaps tensor '", escape_invalid_utf8(order[k + 1]->name), "'");
   }
   return f;
 }

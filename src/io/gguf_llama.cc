@@ -6,6 +6,7 @@
 
 #include "corelm/error.h"
 #include "corelm/gguf.h"
+#include "corelm/utf8.h"
 
 namespace corelm::io {
 
@@ -113,13 +114,14 @@ GGUFModel load_gguf_model(const std::string& path) {
   GGUFFile f = GGUFFile::open(path);
   const std::string w = "GGUF '" + path + "': ";
   const GGUFValue* a = f.find("general.architecture");
-  CORELM_CHECK(a && a->type == GGUFType::String, FormatError, w, "missing general.architecture");
-  const std::string arch = a->s;
-  CORELM_CHECK(arch == "llama" || arch == "qwen2", FormatError, w, "architecture '", arch,
+  CORELM_CHECK(a, FormatError, w, "missing general.architecture");
+  const std::string arch = a->as_string();  // a FormatError naming file, key and type otherwise
+  CORELM_CHECK(arch == "llama" || arch == "qwen2", FormatError, w, "architecture '", escape_invalid_utf8(arch),
                "' not supported (llama, qwen2)");
   auto num = [&](const std::string& key) -> const GGUFValue* {
     const GGUFValue* v = f.find(arch + "." + key);
-    CORELM_CHECK(!v || v->type != GGUFType::String, FormatError, w, "key ", arch, ".", key, " is a string");
+    CORELM_CHECK(!v || v->type != GGUFType::String, FormatError, w, "metadata '", arch, ".", key,
+                 "' is string, expected a number");
     return v;
   };
   auto need = [&](const std::string& key) {
@@ -149,7 +151,7 @@ GGUFModel load_gguf_model(const std::string& path) {
       hf = hf_name_from_gguf(info.name);
     } catch (const ValueError&) {
       if (info.name == "rope_freqs.weight") continue;  // precomputed RoPE table llama.cpp may add
-      throw FormatError(w + "tensor '" + info.name + "' is not a Llama/Qwen2 tensor");
+      throw FormatError(w + "tensor '" + escape_invalid_utf8(info.name) + "' is not a Llama/Qwen2 tensor");
     }
     by_name[hf] = f.get(info.name).to(DType::F32);
   }
@@ -216,8 +218,9 @@ GGUFModel load_gguf_model(const std::string& path) {
               {"tie_word_embeddings", tied},
               {"attention_bias", bias},
               {"torch_dtype", "float32"}};
-  if (const GGUFValue* b = f.find("tokenizer.ggml.bos_token_id")) m.config["bos_token_id"] = b->as_int();
-  if (const GGUFValue* e = f.find("tokenizer.ggml.eos_token_id")) m.config["eos_token_id"] = e->as_int();
+  // Token ids are int32 everywhere downstream: a larger value is refused here, by key.
+  if (const GGUFValue* b = f.find("tokenizer.ggml.bos_token_id")) m.config["bos_token_id"] = b->as_int(0, INT32_MAX);
+  if (const GGUFValue* e = f.find("tokenizer.ggml.eos_token_id")) m.config["eos_token_id"] = e->as_int(0, INT32_MAX);
   return m;
 }
 

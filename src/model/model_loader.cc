@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -182,30 +183,29 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GGUFFile& f, TokenizerSource
   const std::string& kind = model->as_string();
   const std::string w = "GGUF '" + f.path() + "'";
   const io::GGUFValue* tokens = f.find("tokenizer.ggml.tokens");
-  CORELM_CHECK(tokens && tokens->type == io::GGUFType::Array && tokens->array_type == io::GGUFType::String,
-               FormatError, w, ": tokenizer.ggml.tokens missing or not an array of strings");
+  CORELM_CHECK(tokens, FormatError, w, ": tokenizer.ggml.tokens missing");
   src.kind = "gguf";
   src.path = f.path();
   for (const auto& [k, v] : f.metadata())
     if (k.starts_with("tokenizer.ggml.") || k.starts_with("corelm.tokenizer.")) src.gguf_metadata.emplace_back(k, v);
-  std::vector<std::string> pieces;
-  for (const auto& t : tokens->array) pieces.push_back(t.s);
+  // The typed accessors name the file and key (and expected vs actual type) on a mismatch.
+  std::vector<std::string> pieces = tokens->as_array(io::GGUFType::String).strings();
   auto id_of = [&](const char* key) -> std::optional<TokenId> {
     const io::GGUFValue* v = f.find(key);
     if (!v) return std::nullopt;
-    return static_cast<TokenId>(v->as_int());
+    return static_cast<TokenId>(v->as_int(0, std::numeric_limits<TokenId>::max()));
   };
   auto flag = [&](const char* key, bool dflt) {
     const io::GGUFValue* v = f.find(key);
-    return v ? v->as_int() != 0 : dflt;
+    return v ? v->as_bool() : dflt;
   };
   if (kind == "gpt2") {
     GgufBpeVocab v;
     v.tokens = std::move(pieces);
     if (const io::GGUFValue* types = f.find("tokenizer.ggml.token_type"))
-      for (const auto& t : types->array) v.token_types.push_back(static_cast<int32_t>(t.as_int()));
+      for (int64_t t : types->as_array(io::GGUFType::Int32).ints()) v.token_types.push_back(static_cast<int32_t>(t));
     if (const io::GGUFValue* merges = f.find("tokenizer.ggml.merges"))
-      for (const auto& m : merges->array) v.merges.push_back(m.as_string());
+      v.merges = merges->as_array(io::GGUFType::String).strings();
     if (const io::GGUFValue* pre = f.find("tokenizer.ggml.pre")) v.pre = pre->as_string();
     v.nfc = flag("corelm.tokenizer.nfc", v.pre == "qwen2");  // HF's Qwen2 tokenizer normalizes to NFC
     v.ignore_merges = flag("corelm.tokenizer.ignore_merges", v.pre == "llama-bpe");
@@ -219,7 +219,7 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GGUFFile& f, TokenizerSource
   if (kind == "llama") {
     std::vector<float> scores;
     if (const io::GGUFValue* s = f.find("tokenizer.ggml.scores"))
-      for (const auto& e : s->array) scores.push_back(static_cast<float>(e.as_float()));
+      for (double e : s->as_array().floats()) scores.push_back(static_cast<float>(e));
     return detail::make_llama2c_tokenizer(io::Llama2cTokenizer::from_gguf_pieces(pieces, scores, w), f.path());
   }
   throw FormatError(w + ": tokenizer.ggml.model '" + kind +

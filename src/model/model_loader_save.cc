@@ -133,12 +133,12 @@ void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& 
     bool bpe = false;
     for (const auto& [k, val] : src.gguf_metadata) {
       if (k == "tokenizer.ggml.model") bpe = val.as_string() == "gpt2";
-      else if (k == "tokenizer.ggml.tokens") for (const auto& e : val.array) v.tokens.push_back(e.s);
-      else if (k == "tokenizer.ggml.token_type") for (const auto& e : val.array) v.token_types.push_back(static_cast<int32_t>(e.as_int()));
-      else if (k == "tokenizer.ggml.merges") for (const auto& e : val.array) v.merges.push_back(e.s);
+      else if (k == "tokenizer.ggml.tokens") v.tokens = val.as_array(io::GGUFType::String).strings();
+      else if (k == "tokenizer.ggml.token_type") for (int64_t t : val.as_array(io::GGUFType::Int32).ints()) v.token_types.push_back(static_cast<int32_t>(t));
+      else if (k == "tokenizer.ggml.merges") v.merges = val.as_array(io::GGUFType::String).strings();
       else if (k == "tokenizer.ggml.pre") v.pre = val.as_string();
-      else if (k == "corelm.tokenizer.nfc") v.nfc = val.as_int() != 0;
-      else if (k == "corelm.tokenizer.ignore_merges") v.ignore_merges = val.as_int() != 0;
+      else if (k == "corelm.tokenizer.nfc") v.nfc = val.as_bool();
+      else if (k == "corelm.tokenizer.ignore_merges") v.ignore_merges = val.as_bool();
     }
     if (bpe) {
       io::write_file_atomic((dir / "tokenizer.json").string(), gguf_bpe_vocab_to_tokenizer_json(v, src.path) + "\n");

@@ -47,24 +47,43 @@ constexpr size_t kCacheMaxIds = size_t(1) << 22;
 }  // namespace
 
 BpeModel::BpeModel(std::vector<std::string> tokens, const std::vector<MergeRule>& merges, bool ignore_merges,
-                   const std::string& source)
-    : tokens_(std::move(tokens)), merge_rules_(merges), ignore_merges_(ignore_merges), merge_count_(merges.size()),
-      serial_(g_next_serial++) {
+                   const std::string& source, int32_t unk_id, bool fuse_unk)
+    : tokens_(std::move(tokens)), merge_rules_(merges), unk_id_(unk_id), fuse_unk_(fuse_unk),
+      ignore_merges_(ignore_merges), merge_count_(merges.size()), serial_(g_next_serial++) {
+  CORELM_CHECK(unk_id_ < static_cast<int64_t>(tokens_.size()) && (unk_id_ < 0 || !tokens_[unk_id_].empty()),
+               FormatError, source, ": unknown token id ", unk_id_, " is not in the model vocabulary");
   vocab_.reserve(tokens_.size());
   for (size_t id = 0; id < tokens_.size(); ++id) {
     if (tokens_[id].empty()) continue;
     vocab_.insert(tokens_[id], static_cast<int32_t>(id));
   }
   for (int b = 0; b < 256; ++b) {
-    byte_id_[b] = vocab_.find(std::string_view(reinterpret_cast<const char*>(&b), 1));
-    CORELM_CHECK(byte_id_[b] >= 0, FormatError, source, ": model.vocab has no token for byte 0x", std::hex, b,
-                 " (a byte-level BPE vocabulary must cover all 256 bytes)");
+    const char c = static_cast<char>(b);
+    byte_id_[b] = vocab_.find(std::string_view(&c, 1));
+    missing_bytes_ += byte_id_[b] < 0;
   }
   merges_.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r)
     merges_.insert(merges[r].left, merges[r].right, {static_cast<int32_t>(r), merges[r].merged});
   reachable_.reset(new std::atomic<uint8_t>[tokens_.size()]);
   for (size_t i = 0; i < tokens_.size(); ++i) reachable_[i].store(0, std::memory_order_relaxed);
+}
+
+size_t BpeModel::initial_symbols(std::string_view piece, int32_t* sym) const {
+  size_t n = 0;
+  bool after_unk = false;  // the previous byte was missing and became unk
+  for (char c : piece) {
+    int32_t id = byte_id_[static_cast<unsigned char>(c)];
+    if (id < 0) {
+      if (unk_id_ < 0 || (fuse_unk_ && after_unk)) continue;
+      id = unk_id_;
+      after_unk = true;
+    } else {
+      after_unk = false;
+    }
+    sym[n++] = id;
+  }
+  return n;
 }
 
 void BpeModel::merge_loop(std::string_view piece, std::vector<int32_t>& out) const {
@@ -76,8 +95,9 @@ void BpeModel::merge_loop(std::string_view piece, std::vector<int32_t>& out) con
 // quadratic rescan beats a heap below a few dozen symbols.
 void BpeModel::merge_small(std::string_view piece, std::vector<int32_t>& out) const {
   int32_t sym[64];
-  size_t n = piece.size();
-  for (size_t i = 0; i < n; ++i) sym[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+  size_t n = missing_bytes_ ? initial_symbols(piece, sym) : piece.size();
+  if (!missing_bytes_)
+    for (size_t i = 0; i < n; ++i) sym[i] = byte_id_[static_cast<unsigned char>(piece[i])];
   while (n > 1) {
     int32_t best_rank = INT32_MAX, best_merged = -1;
     size_t best = 0;
@@ -101,11 +121,12 @@ void BpeModel::merge_heap(std::string_view piece, std::vector<int32_t>& out) con
     int32_t rank, pos, left, right, merged;
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
-  size_t n = piece.size();
+  std::vector<int32_t> ids(piece.size());
+  const size_t n = initial_symbols(piece, ids.data());
+  if (n == 0) return;
   std::vector<Sym> sym(n);
   for (size_t i = 0; i < n; ++i)
-    sym[i] = {byte_id_[static_cast<unsigned char>(piece[i])], static_cast<int32_t>(i) - 1,
-              i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
+    sym[i] = {ids[i], static_cast<int32_t>(i) - 1, i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
   auto consider = [&](int32_t pos) {
     if (pos < 0) return;
@@ -145,7 +166,9 @@ bool BpeModel::reachable(int32_t id) const {
 void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
   if (piece.size() == 1) {
-    out.push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
+    const int32_t id = byte_id_[static_cast<unsigned char>(piece[0])];
+    if (id >= 0) out.push_back(id);
+    else if (unk_id_ >= 0) out.push_back(unk_id_);
     return;
   }
   uint64_t h = hash_bytes(piece);

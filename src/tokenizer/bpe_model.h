@@ -20,11 +20,17 @@ class BpeModel {
   struct MergeRule {
     int32_t left, right, merged;
   };
+  // `unk_id` (-1: none) stands for a byte without a single-byte token, one per such byte or one
+  // per run of them with `fuse_unk`; without it such bytes are dropped before merging.
   BpeModel(std::vector<std::string> tokens, const std::vector<MergeRule>& merges, bool ignore_merges,
-           const std::string& source);
+           const std::string& source, int32_t unk_id = -1, bool fuse_unk = false);
 
-  // Appends the ids of one pre-token. Every byte must have a single-byte token (checked at load).
+  // Appends the ids of one pre-token. A byte the vocabulary has no single-byte token for (many
+  // real byte-level vocabularies lack a few, e.g. 0xC0, 0xC1, 0xF5..0xFF that UTF-8 never uses)
+  // is what Hugging Face tokenizers makes of it: the unknown token when the model names one, else
+  // nothing, its neighbours then merging as if it were not there.
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  int missing_bytes() const { return missing_bytes_; }  // bytes without a single-byte token
 
   size_t size() const { return tokens_.size(); }
   std::string_view token(int32_t id) const { return tokens_[id]; }
@@ -41,12 +47,18 @@ class BpeModel {
   void merge_small(std::string_view piece, std::vector<int32_t>& out) const;
   void merge_heap(std::string_view piece, std::vector<int32_t>& out) const;
   bool reachable(int32_t id) const;
+  // The initial symbols of a piece: one per byte, with missing bytes mapped to unk or dropped.
+  // Returns how many were written to `sym` (room for piece.size()).
+  size_t initial_symbols(std::string_view piece, int32_t* sym) const;
 
   std::vector<std::string> tokens_;
   std::vector<MergeRule> merge_rules_;
   StringIdMap vocab_;
   PairMap merges_;
-  int32_t byte_id_[256];
+  int32_t byte_id_[256];  // -1 for a byte without a single-byte token
+  int missing_bytes_ = 0;
+  int32_t unk_id_;
+  bool fuse_unk_;
   bool ignore_merges_;
   size_t merge_count_;
   uint64_t serial_;  // identifies this model to the per-thread caches

@@ -15,7 +15,7 @@ class BpeTokenizer final : public Tokenizer {
  public:
   explicit BpeTokenizer(BpeSpec spec)
       : source_(spec.source),
-        model_(std::move(spec.tokens), spec.merges, spec.ignore_merges, spec.source),
+        model_(std::move(spec.tokens), spec.merges, spec.ignore_merges, spec.source, spec.unk_id, spec.fuse_unk),
         nfc_(spec.nfc),
         stages_(std::move(spec.stages)),
         added_(spec.added) {

@@ -28,6 +28,10 @@ struct BpeSpec {
   std::vector<std::string> tokens;  // model vocabulary: bytes of each id
   std::vector<BpeModel::MergeRule> merges;
   bool ignore_merges = false;
+  // model.unk_token's id (-1: none) and model.fuse_unk: what a byte without a single-byte token
+  // becomes (see BpeModel). GGUF vocabularies never set it: llama.cpp drops such bytes.
+  int32_t unk_id = -1;
+  bool fuse_unk = false;
   bool nfc = false;
   std::vector<PreTokStage> stages;
   std::vector<AddedToken> added;

@@ -9,6 +9,7 @@
 
 #include "corelm/error.h"
 #include "corelm/tokenizer.h"
+#include "corelm/utf8.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/file_io.h"
@@ -109,7 +110,7 @@ tok::BpeSpec spec_from_vocab(const GgufBpeVocab& v, const std::string& source) {
     if (type == kNormal || type == kByte) {
       std::optional<std::string> bytes = tok::byte_level_decode(text);
       CORELM_CHECK(bytes.has_value() && !bytes->empty(), FormatError, source, ": tokenizer.ggml.tokens[", id, "] ('",
-                   text, "') is not a byte-level BPE token");
+                   escape_invalid_utf8(text), "') is not a byte-level BPE token");
       spec.tokens.resize(id + 1);
       spelled.resize(id + 1);
       spec.tokens[id] = std::move(*bytes);
@@ -126,12 +127,12 @@ tok::BpeSpec spec_from_vocab(const GgufBpeVocab& v, const std::string& source) {
     const std::string& m = v.merges[r];
     const size_t space = m.find(' ');
     CORELM_CHECK(space != std::string::npos && space > 0 && space + 1 < m.size(), FormatError, source,
-                 ": tokenizer.ggml.merges[", r, "] ('", m, "') is not two tokens separated by a space");
+                 ": tokenizer.ggml.merges[", r, "] ('", escape_invalid_utf8(m), "') is not two tokens separated by a space");
     const std::string left = m.substr(0, space), right = m.substr(space + 1);
     auto find = [&](const std::string& s) {
       auto it = index.find(s);
-      CORELM_CHECK(it != index.end(), FormatError, source, ": tokenizer.ggml.merges[", r, "] ('", m, "') uses '", s,
-                   "', which is not a normal token");
+      CORELM_CHECK(it != index.end(), FormatError, source, ": tokenizer.ggml.merges[", r, "] ('",
+                   escape_invalid_utf8(m), "') uses '", escape_invalid_utf8(s), "', which is not a normal token");
       return it->second;
     };
     spec.merges.push_back({find(left), find(right), find(left + right)});
@@ -190,9 +191,24 @@ std::unique_ptr<Tokenizer> tokenizer_from_gguf_bpe(const GgufBpeVocab& vocab, co
 std::string gguf_bpe_vocab_to_tokenizer_json(const GgufBpeVocab& vocab, const std::string& source) {
   tok::BpeSpec spec = spec_from_vocab(vocab, source);
   // tokenizer.json lists the model vocabulary densely; added tokens must follow it without gaps.
+  // Control tokens inside it (SmolLM2's <|endoftext|> .. <empty_output> are ids 0..16) are also
+  // vocabulary entries in Hugging Face's own files; that works when the byte-level spelling of
+  // the text is the text itself (ASCII), so HF maps the added token onto that entry on load.
+  for (const tok::AddedToken& a : spec.added)
+    if (static_cast<size_t>(a.id) < spec.tokens.size() && spec.tokens[a.id].empty() && !a.content.empty() &&
+        tok::byte_level_encode(a.content) == a.content)
+      spec.tokens[a.id] = a.content;
   for (size_t id = 0; id < spec.tokens.size(); ++id)
     CORELM_CHECK(!spec.tokens[id].empty(), FormatError, source, ": token ", id,
                  " is not a normal token but lies inside the vocabulary; tokenizer.json cannot express that");
+  // Added tokens are stored verbatim, and GGUF strings are bytes: a JSON document can only hold
+  // them when they are UTF-8 (normal tokens are spelled byte-level, always valid).
+  for (const tok::AddedToken& a : spec.added) {
+    const size_t bad = first_invalid_utf8(a.content);
+    CORELM_CHECK(bad == std::string::npos, FormatError, source, ": tokenizer.ggml.tokens[", a.id, "] ('",
+                 escape_invalid_utf8(a.content), "') is not valid UTF-8 (byte offset ", bad,
+                 "), which a tokenizer.json cannot hold");
+  }
   return tok::to_hf_tokenizer_json(spec);
 }
 

@@ -211,6 +211,23 @@ BpeSpec parse_hf_tokenizer_json(const json& doc, const std::string& source) {
     }
   }
   spec.merges = resolve_merges(pairs, spelled, source, "model.merges");
+  // The unknown token only matters for bytes the vocabulary has no single-byte token for; HF
+  // tokenizers fails on such a byte when unk_token names no vocabulary entry, so that is an
+  // error here only when some byte lacks its token.
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    const std::string& unk = model["unk_token"].get_ref<const std::string&>();
+    for (size_t id = 0; id < spelled.size() && spec.unk_id < 0; ++id)
+      if (spelled[id] == unk) spec.unk_id = static_cast<int32_t>(id);
+    if (spec.unk_id < 0) {
+      std::vector<bool> has(256, false);
+      for (const std::string& t : spec.tokens)
+        if (t.size() == 1) has[static_cast<unsigned char>(t[0])] = true;
+      for (int b = 0; b < 256; ++b)
+        CORELM_CHECK(has[b], FormatError, source, ": model.unk_token '", unk,
+                     "' is not in model.vocab, and byte ", b, " has no token of its own to fall back from");
+    }
+  }
+  spec.fuse_unk = flag(model, "fuse_unk", false);
 
   if (doc.contains("added_tokens") && doc["added_tokens"].is_array()) {
     // HF tokenizers ignores the stated id of an added token: it reuses the vocabulary id of the

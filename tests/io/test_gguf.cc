@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -102,7 +103,8 @@ TEST_F(GGUFTest, RoundTripsMetadataAndTensorsOfEveryType) {
   }
   EXPECT_EQ(f.at("t.u32").as_int(), 4000000000ll);
   EXPECT_EQ(f.at("t.str").as_string().size(), 7u);
-  EXPECT_THROW(f.at("t.str").as_int(), ValueError);
+  EXPECT_THROW(f.at("t.str").as_int(), FormatError);  // read from a file: the file is at fault
+  EXPECT_THROW(GGUFValue::of_string("x").as_int(), ValueError);  // built in memory: the caller is
   EXPECT_THROW(f.at("nope"), IndexError);
   ASSERT_EQ(f.tensors().size(), ts.size());
   EXPECT_EQ(f.info("f32").ne, (std::vector<int64_t>{5, 3, 2}));  // ggml order
@@ -154,6 +156,86 @@ TEST_F(GGUFTest, AlignmentKeyIsHonoured) {
   EXPECT_EQ(f.alignment(), 64u);
   EXPECT_EQ(f.info("y").offset, 64u);
   EXPECT_EQ(f.get("y").to_float_vector(), iota(5).to_float_vector());
+}
+
+// Issue 13: arrays are kept in their file encoding, not one object per element (a 16M-element
+// uint8 array took 2.9 GB), and every element type still reads back through the accessors.
+TEST_F(GGUFTest, ArraysKeepTheirEncodingAndReadBackTyped) {
+  using T = GGUFType;
+  const size_t n = 1 << 20;
+  GGUFArray bytes(T::Uint8);
+  for (size_t k = 0; k < n; ++k) bytes.push_back(GGUFValue::of(T::Uint8, static_cast<int64_t>(k * 7 % 251)));
+  std::vector<std::string> words;
+  for (int k = 0; k < 1000; ++k) words.push_back("w" + std::to_string(k));
+  KV kv = {{"big", GGUFValue::of_array(bytes)},
+           {"words", GGUFValue::of_strings(words)},
+           {"i64", GGUFValue::of_ints(T::Int64, {-5, 1ll << 40})},
+           {"u64", GGUFValue::of_ints(T::Uint64, {-1})},
+           {"f64", GGUFValue::of_array(T::Float64, {GGUFValue::of_float(T::Float64, 0.25)})},
+           {"flags", GGUFValue::of_array(T::Bool, {GGUFValue::of(T::Bool, 1), GGUFValue::of(T::Bool, 0)})},
+           {"nested", GGUFValue::of_array(T::Array, {GGUFValue::of_strings({"a", "bc"}), GGUFValue::of_ints(T::Int8, {-3})})}};
+  save_gguf(path("arr.gguf"), kv, {});
+  auto f = GGUFFile::open(path("arr.gguf"));
+  const GGUFArray& big = f.at("big").as_array(T::Uint8);
+  ASSERT_EQ(big.size(), n);
+  EXPECT_EQ(big.encoded().size(), n);  // one byte per element, as in the file
+  EXPECT_EQ(big.int_at(n - 1), static_cast<int64_t>((n - 1) * 7 % 251));
+  EXPECT_EQ(big.ints().size(), n);
+  EXPECT_EQ(f.at("words").as_array(T::String).string_at(999), "w999");
+  EXPECT_EQ(f.at("words").array.strings(), words);
+  EXPECT_EQ(f.at("words").array[3].as_string(), "w3");
+  EXPECT_EQ(f.at("i64").array.ints(), (std::vector<int64_t>{-5, 1ll << 40}));
+  EXPECT_EQ(f.at("f64").array.floats(), (std::vector<double>{0.25}));
+  EXPECT_EQ(f.at("flags").array.ints(), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(f.at("big").array.float_at(1), 7.0);
+  const GGUFArray& nested = f.at("nested").as_array(T::Array);
+  EXPECT_EQ(nested.array_at(0).strings(), (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(nested.array_at(1).int_at(0), -3);
+  EXPECT_EQ(nested[1].array.type(), T::Int8);
+  EXPECT_THROW(big.int_at(n), IndexError);
+  // uint64 beyond int64 is refused by name rather than wrapped to a negative number.
+  try {
+    f.at("u64").array.int_at(0);
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("metadata 'u64'[0] = 18446744073709551615"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(f.at("u64").array.float_at(0), 18446744073709551615.0);
+  // Round trip: the same bytes again.
+  save_gguf(path("arr2.gguf"), f.metadata(), {});
+  EXPECT_EQ(slurp(path("arr.gguf")), slurp(path("arr2.gguf")));
+}
+
+// Issue 13, defect 16: a metadata type error names the file, the key and both types.
+TEST_F(GGUFTest, TypeErrorsNameFileKeyAndTypes) {
+  using T = GGUFType;
+  KV kv = {{"tokenizer.ggml.bos_token_id", GGUFValue::of_string("1")},
+           {"tokenizer.ggml.tokens", GGUFValue::of_ints(T::Int32, {1, 2})},
+           {"big", GGUFValue::of(T::Uint64, -1)},
+           {"id", GGUFValue::of(T::Uint32, 4000000000ll)}};
+  save_gguf(path("types.gguf"), kv, {});
+  auto f = GGUFFile::open(path("types.gguf"));
+  auto expect_error = [&](const std::function<void()>& fn, const std::vector<std::string>& parts) {
+    try {
+      fn();
+      ADD_FAILURE() << "no throw";
+    } catch (const FormatError& e) {
+      for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  const std::string file = path("types.gguf");
+  expect_error([&] { f.at("tokenizer.ggml.bos_token_id").as_int(); },
+               {file, "'tokenizer.ggml.bos_token_id'", "is string, expected an integer"});
+  expect_error([&] { f.at("tokenizer.ggml.tokens").as_array(T::String); },
+               {file, "'tokenizer.ggml.tokens'", "is array of int32, expected an array of string"});
+  expect_error([&] { f.at("tokenizer.ggml.tokens").array.strings(); },
+               {file, "'tokenizer.ggml.tokens'", "an array of int32, expected an array of strings"});
+  expect_error([&] { f.at("tokenizer.ggml.tokens").as_string(); }, {file, "'tokenizer.ggml.tokens'", "expected a string"});
+  expect_error([&] { f.at("big").as_int(); }, {file, "'big'", "18446744073709551615"});
+  expect_error([&] { f.at("id").as_int(0, INT32_MAX); }, {file, "'id' = 4000000000 is outside [0, 2147483647]"});
+  // Copies keep the context (the model loader stores the tokenizer keys for later writes).
+  const GGUFValue copy = f.at("tokenizer.ggml.bos_token_id");
+  expect_error([&] { copy.as_float(); }, {file, "'tokenizer.ggml.bos_token_id'", "expected a number"});
 }
 
 class GGUFBadFiles : public GGUFTest {
@@ -234,6 +316,36 @@ TEST_F(GGUFBadFiles, UnknownTypes) {
   poke<uint32_t>(b, b.find("general.architecture") + 20, 42);  // value type
   write(path("v.gguf"), b);
   expect_format_error(path("v.gguf"), {"v.gguf", "general.architecture", "unknown type 42"});
+}
+
+// Damaged arrays: each error names the file and the key (and the element when it is one).
+TEST_F(GGUFBadFiles, DamagedArrays) {
+  using T = GGUFType;
+  auto file_with = [&](const GGUFValue& v) {
+    save_gguf(path("a.gguf"), {{"arr", v}}, {});
+    return slurp(path("a.gguf"));
+  };
+  const size_t header = 4 + 4 + 8 + 8 + 8 + 3 + 4;  // magic .. key "arr", value type
+  std::string b = file_with(GGUFValue::of_array(T::Bool, {GGUFValue::of(T::Bool, 1), GGUFValue::of(T::Bool, 0)}));
+  b[header + 4 + 8 + 1] = 2;
+  write(path("bool.gguf"), b);
+  expect_format_error(path("bool.gguf"), {"bool.gguf", "metadata 'arr'[1]", "byte value 2"});
+  b = file_with(GGUFValue::of_strings({"ab", "cd"}));
+  poke<uint64_t>(b, header + 4 + 8 + 8 + 2, 1ull << 40);  // length of the second string
+  write(path("str.gguf"), b);
+  expect_format_error(path("str.gguf"), {"str.gguf", "metadata 'arr'", "truncated in element 1"});
+  b = file_with(GGUFValue::of_strings({"ab"}));
+  poke<uint64_t>(b, header + 4, 1ull << 40);  // element count
+  write(path("count.gguf"), b);
+  expect_format_error(path("count.gguf"), {"count.gguf", "metadata 'arr'", "claims 1099511627776 elements"});
+  b = file_with(GGUFValue::of_array(T::Array, {GGUFValue::of_ints(T::Int8, {1})}));
+  poke<uint32_t>(b, header + 4 + 8, 77);  // inner element type
+  write(path("inner.gguf"), b);
+  expect_format_error(path("inner.gguf"), {"inner.gguf", "metadata 'arr'[0]", "unknown element type 77"});
+  GGUFValue deep = GGUFValue::of_ints(T::Int8, {1});
+  for (int d = 0; d < 4; ++d) deep = GGUFValue::of_array(T::Array, {deep});
+  write(path("deep.gguf"), file_with(deep));
+  expect_format_error(path("deep.gguf"), {"deep.gguf", "metadata 'arr'", "nests arrays deeper than 4"});
 }
 
 TEST_F(GGUFBadFiles, BlockTypeShapeMismatch) {

@@ -1,6 +1,7 @@
 // Builds small byte-level tokenizer.json documents inside the tests, so the unit tests need no
 // downloaded files.
 #pragma once
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -23,6 +24,9 @@ struct TinySpec {
   nlohmann::json post_processor = nullptr;
   nlohmann::json normalizer = nullptr;
   bool ignore_merges = false;
+  std::vector<int> missing_bytes;     // bytes left without a single-byte token (as in real vocabularies)
+  nlohmann::json unk_token = nullptr;  // model.unk_token
+  bool fuse_unk = false;
 };
 
 inline nlohmann::json tiny_json(const TinySpec& s) {
@@ -33,7 +37,9 @@ inline nlohmann::json tiny_json(const TinySpec& s) {
     std::string key = byte_level_encode(bytes);
     if (!vocab.contains(key)) vocab[key] = next++;
   };
-  for (int b = 0; b < 256; ++b) add(std::string(1, static_cast<char>(b)));
+  for (int b = 0; b < 256; ++b)
+    if (std::find(s.missing_bytes.begin(), s.missing_bytes.end(), b) == s.missing_bytes.end())
+      add(std::string(1, static_cast<char>(b)));
   nlohmann::json merges = nlohmann::json::array();
   for (const auto& [a, b] : s.merges) {
     add(a + b);
@@ -49,10 +55,10 @@ inline nlohmann::json tiny_json(const TinySpec& s) {
           {"model",
            {{"type", "BPE"},
             {"dropout", nullptr},
-            {"unk_token", nullptr},
+            {"unk_token", s.unk_token},
             {"continuing_subword_prefix", nullptr},
             {"end_of_word_suffix", nullptr},
-            {"fuse_unk", false},
+            {"fuse_unk", s.fuse_unk},
             {"byte_fallback", false},
             {"ignore_merges", s.ignore_merges},
             {"vocab", vocab},
