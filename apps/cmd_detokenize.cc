@@ -7,12 +7,12 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
 #include "corelm/error.h"
+#include "corelm/token_ids.h"
 #include "corelm/tokenizer.h"
 
 namespace corelm::cli {
@@ -23,37 +23,15 @@ struct DetokenizeArgs {
   bool jsonl = false, skip_special = false;
 };
 
-std::vector<TokenId> parse_ids(const std::string& text, const std::string& where) {
-  size_t first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos) return {};
-  if (text[first] == '[') {
-    try {
-      return nlohmann::json::parse(text).get<std::vector<TokenId>>();
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(where + ": expected a JSON array of token ids: " + e.what());
-    }
-  }
-  std::vector<TokenId> ids;
-  std::istringstream in(text);
-  std::string word;
-  while (in >> word) {
-    try {
-      size_t used = 0;
-      long v = std::stol(word, &used);
-      CORELM_CHECK(used == word.size(), FormatError, where, ": '", word, "' is not a token id");
-      ids.push_back(static_cast<TokenId>(v));
-    } catch (const std::logic_error&) {
-      throw FormatError(where + ": '" + word + "' is not a token id");
-    }
-  }
-  return ids;
-}
-
-std::vector<TokenId> read_token_file(const std::string& path, std::string dtype) {
+std::vector<TokenId> read_token_file(const std::string& path, std::string dtype, size_t vocab_size) {
   if (dtype == "auto") {
     std::ifstream side(path + ".json");
     CORELM_CHECK(side.good(), IOError, path, ".json is missing: pass --dtype uint16 or uint32");
-    dtype = nlohmann::json::parse(side).value("dtype", std::string());
+    try {
+      dtype = nlohmann::json::parse(side).value("dtype", std::string());
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError(path + ".json: " + e.what());
+    }
   }
   CORELM_CHECK(dtype == "uint16" || dtype == "uint32", ValueError, "--dtype must be uint16 or uint32 (got '", dtype, "')");
   std::ifstream in(path, std::ios::binary);
@@ -61,26 +39,25 @@ std::vector<TokenId> read_token_file(const std::string& path, std::string dtype)
   std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   size_t width = dtype == "uint16" ? 2 : 4;
   CORELM_CHECK(raw.size() % width == 0, FormatError, path, ": size ", raw.size(), " is not a multiple of ", width);
-  std::vector<TokenId> ids(raw.size() / width);
-  for (size_t i = 0; i < ids.size(); ++i) {
+  std::vector<uint32_t> wide(raw.size() / width);
+  for (size_t i = 0; i < wide.size(); ++i) {
     if (width == 2) {
       uint16_t v;
       std::memcpy(&v, raw.data() + 2 * i, 2);
-      ids[i] = v;
+      wide[i] = v;
     } else {
-      uint32_t v;
-      std::memcpy(&v, raw.data() + 4 * i, 4);
-      ids[i] = static_cast<TokenId>(v);
+      std::memcpy(&wide[i], raw.data() + 4 * i, 4);
     }
   }
-  return ids;
+  check_token_ids(wide, path, vocab_size);  // a uint32 past 2^31 must not wrap to a negative id
+  return std::vector<TokenId>(wide.begin(), wide.end());
 }
 
 void run(const DetokenizeArgs& a) {
   auto tok = Tokenizer::load(a.tokenizer);
   std::ios::sync_with_stdio(false);
   if (!a.input.empty()) {
-    std::cout << tok->decode(read_token_file(a.input, a.dtype), a.skip_special);
+    std::cout << tok->decode(read_token_file(a.input, a.dtype, tok->vocab_size()), a.skip_special);
     return;
   }
   if (a.jsonl) {
@@ -89,14 +66,15 @@ void run(const DetokenizeArgs& a) {
     while (std::getline(std::cin, line)) {
       ++line_no;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      std::string text = tok->decode(parse_ids(line, "stdin line " + std::to_string(line_no)), a.skip_special);
+      std::string text =
+          tok->decode(parse_token_ids(line, "stdin line " + std::to_string(line_no), tok->vocab_size()), a.skip_special);
       // JSON strings are Unicode: invalid UTF-8 (possible with byte-level ids) becomes U+FFFD.
       std::cout << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
     return;
   }
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  std::cout << tok->decode(parse_ids(text, "stdin"), a.skip_special);
+  std::cout << tok->decode(parse_token_ids(text, "stdin", tok->vocab_size()), a.skip_special);
 }
 
 RegisterCommand reg([](CLI::App& root) {

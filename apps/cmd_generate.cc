@@ -22,6 +22,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model, prompt, prompt_file, truncate = "none";
+  bool prompt_given = false;  // --prompt "" is a prompt (generation starts from BOS alone)
   std::string tokenizer;  // --tokenizer: overrides / supplies the checkpoint's
   bool strict = true;
   int64_t max_new_tokens = 128;
@@ -71,11 +72,12 @@ void print_stats(const infer::GenerationResult& r, size_t prompts, int64_t gener
 }
 
 void run(const GenerateArgs& a) {
-  CORELM_CHECK(a.prompt.empty() != a.prompt_file.empty(), ValueError, "give exactly one of --prompt and --prompt-file");
+  CORELM_CHECK(a.prompt_given != !a.prompt_file.empty(), ValueError, "give exactly one of --prompt and --prompt-file");
   CORELM_CHECK(a.truncate == "none" || a.truncate == "left", ValueError, "--truncate must be 'left' or 'none' (got '",
                a.truncate, "')");
   CORELM_CHECK(a.batch_size >= 1, ValueError, "--batch-size must be >= 1 (got ", a.batch_size, ")");
-  CORELM_CHECK(a.threads >= 1, ValueError, "--threads must be >= 1 (got ", a.threads, ")");
+  CORELM_CHECK(a.threads >= 1 && a.threads <= kMaxThreads, ValueError, "--threads must be in [1, ", kMaxThreads,
+               "] (got ", a.threads, ")");
   set_num_threads(a.threads);
 
   infer::GenerateOptions o;
@@ -114,7 +116,7 @@ void run(const GenerateArgs& a) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     };
-  // Batches of --batch-size prompts bound the KV cache (it holds a full context per prompt).
+  // Batches of --batch-size prompts bound the KV cache (prompt + max new tokens per prompt).
   for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(a.batch_size)) {
     const size_t last = std::min(prompts.size(), first + static_cast<size_t>(a.batch_size));
     std::vector<std::string> batch(prompts.begin() + first, prompts.begin() + last);
@@ -153,11 +155,15 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--tokenizer", args->tokenizer, "tokenizer file or directory (tokenizer.json, tokenizer.model, llama2.c "
                                                 "tokenizer.bin); default: the checkpoint's own");
   c->add_flag("--strict,!--no-strict", args->strict, "missing/unexpected tensors are an error (default) or a warning");
-  c->add_option("--prompt", args->prompt, "the prompt text");
+  CLI::Option* prompt = c->add_option("--prompt", args->prompt,
+                                      "the prompt text (\"\" starts from the BOS token alone, or EOS where the tokenizer "
+                                      "has no BOS)");
   c->add_option("--prompt-file", args->prompt_file, "one prompt per line, generated together in one batch");
   c->add_option("-n,--max-new-tokens", args->max_new_tokens, "tokens to generate at most")->capture_default_str();
   c->add_flag("--greedy", args->greedy, "argmax decoding (same as --temperature 0)");
-  c->add_option("--temperature", args->temperature, "softmax temperature; 0 means greedy")->capture_default_str();
+  c->add_option("--temperature", args->temperature,
+                "softmax temperature, >= 0; below 1e-5 (0 included) means greedy")
+      ->capture_default_str();
   c->add_option("--top-k", args->top_k, "keep the k most likely tokens (0: off)")->capture_default_str();
   c->add_option("--top-p", args->top_p, "nucleus sampling: smallest set with probability >= p (1: off)")->capture_default_str();
   c->add_option("--min-p", args->min_p, "drop tokens with p < min_p * p_max (0: off)")->capture_default_str();
@@ -175,10 +181,13 @@ RegisterCommand reg([](CLI::App& root) {
                 "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}))
       ->capture_default_str();
-  c->add_option("--threads", args->threads, "compute threads")->capture_default_str();
+  c->add_option("--threads", args->threads, "compute threads, 1 to " + std::to_string(kMaxThreads))->capture_default_str();
   c->add_option("--batch-size", args->batch_size, "prompts of --prompt-file generated together")->capture_default_str();
   c->add_flag("--json", args->json, "one JSON object per prompt: text, tokens, finish_reason, prefill_tok_s, decode_tok_s");
-  c->callback([args] { run(*args); });
+  c->callback([args, prompt] {
+    args->prompt_given = prompt->count() > 0;
+    run(*args);
+  });
 });
 
 }  // namespace

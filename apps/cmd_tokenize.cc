@@ -1,5 +1,6 @@
 // corelm tokenize: text -> ids. stdin -> one JSON array (or one per line with --jsonl), or a
 // corpus -> binary token file for the trainer with --output.
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <iostream>
@@ -11,6 +12,7 @@
 
 #include "command_registry.h"
 #include "corelm/error.h"
+#include "corelm/thread_pool.h"
 #include "corelm/tokenizer.h"
 #include "corelm/tokenizer_corpus.h"
 
@@ -48,8 +50,11 @@ std::string line_text(const std::string& line, size_t line_no) {
 }
 
 void run(const TokenizeArgs& a) {
+  CORELM_CHECK(a.threads >= 0 && a.threads <= kMaxThreads, ValueError, "--threads must be in [0, ", kMaxThreads,
+               "] (0: all cores; got ", a.threads, ")");
   auto tok = Tokenizer::load(a.tokenizer);
-  int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = a.threads > 0 ? a.threads : std::min(kMaxThreads, cores);
   EncodeOptions enc;
   enc.add_special = a.add_special;
   enc.parse_special = a.parse_special;
@@ -122,7 +127,7 @@ RegisterCommand reg([](CLI::App& root) {
                 "file; --jsonl: per line)");
   c->add_option("--output", args->output, "write a binary token file (raw little-endian ids) plus OUTPUT.json");
   c->add_option("--dtype", args->dtype, "token file id type: auto, uint16, uint32")->capture_default_str();
-  c->add_option("--threads", args->threads, "worker threads (default: all cores)");
+  c->add_option("--threads", args->threads, "worker threads, up to 1024 (default, 0: all cores)");
   c->add_flag("--no-progress", args->no_progress, "no progress line on stderr");
   c->callback([args] { run(*args); });
 });

@@ -24,7 +24,9 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--vocab-size", args->options.vocab_size, "vocabulary size incl. 256 byte tokens and special tokens")
       ->required();
   c->add_option("--input", args->inputs, "corpus text files")->required();
-  c->add_option("--output", args->output, "tokenizer.json to write")->capture_default_str();
+  c->add_option("--output", args->output,
+                "tokenizer.json to write (a file path; replaced whole, through a unique temp file beside it)")
+      ->capture_default_str();
   c->add_option("--pattern", args->options.pattern, "pre-tokenizer: gpt2, llama3 or qwen2")->capture_default_str();
   c->add_option("--special", args->options.special_tokens, "special tokens (appended after the learned tokens)")
       ->capture_default_str();

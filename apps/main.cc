@@ -1,6 +1,8 @@
 // corelm: one CLI, one subcommand per job. Library errors become one line on stderr and exit 1.
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <new>
+#include <stdexcept>
 
 #include "command_registry.h"
 #include "corelm/error.h"
@@ -23,6 +25,15 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const corelm::Error& e) {
     std::cerr << "corelm: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // An allocation outside the tensor allocator (a std::vector, a string) failed: the request
+    // needs more memory than this process may have; say so rather than "internal error".
+    std::cerr << "corelm: error: out of memory (an allocation failed; the input or options ask for more memory than "
+                 "this process may use: lower the sizes involved, or raise the memory limit)\n";
+    return 1;
+  } catch (const std::length_error& e) {
+    std::cerr << "corelm: error: a size too large to allocate (" << e.what() << ")\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "corelm: internal error: " << e.what() << "\n";

@@ -18,17 +18,25 @@ namespace corelm::infer {
 
 // Order of application (as Hugging Face's logits processors/warpers): repetition penalty,
 // no-repeat n-gram ban, then (unless greedy) temperature, top-k, top-p, min-p, and a draw.
+// Temperatures below this are greedy decoding. Dividing logits by a smaller temperature makes
+// the softmax a numerical argmax anyway, and by a tiny one (1e-38) overflows float to infinity,
+// which used to pick the last id. 1e-5 sits far below any temperature that samples (0.1 is
+// already nearly greedy) and far above the overflow.
+constexpr float kGreedyTemperature = 1e-5f;
+
 struct SamplingOptions {
-  bool greedy = false;             // argmax (first index on ties); also implied by temperature <= 0
-  float temperature = 1.0f;
+  bool greedy = false;             // argmax (first index on ties); also implied by temperature < kGreedyTemperature
+  float temperature = 1.0f;        // >= 0 and finite; below kGreedyTemperature (0 included): greedy
   int64_t top_k = 0;               // 0: off
   float top_p = 1.0f;              // 1: off; keeps the smallest top set with probability >= top_p
   float min_p = 0.0f;              // 0: off; drops tokens with p < min_p * p_max
   float repetition_penalty = 1.0f; // 1: off; >1 discourages tokens already in prompt + output
   int64_t no_repeat_ngram_size = 0;  // 0: off; bans tokens that would repeat an n-gram
 
-  void validate() const;  // ValueError naming the option
-  bool is_greedy() const { return greedy || temperature <= 0.0f; }
+  // ValueError naming the option: temperature negative or not finite, top_k < 0, top_p outside
+  // (0, 1], min_p outside [0, 1], repetition_penalty <= 0 or not finite, no_repeat_ngram_size < 0.
+  void validate() const;
+  bool is_greedy() const { return greedy || temperature < kGreedyTemperature; }
   // Greedy with nothing that rewrites the logits first (repetition penalty, n-gram ban): the pick
   // is the plain argmax of the row and no random number is drawn, so a caller may take the
   // argmax without materialising the logits (the fused LM-head argmax of the generator).
@@ -100,11 +108,16 @@ class TextGenerator {
   // Both must outlive the generator. The context is config.max_position_embeddings.
   TextGenerator(const model::Decoder& decoder, const Tokenizer& tokenizer);
 
+  // An empty prompt (no ids after encoding) starts from the tokenizer's BOS, or its EOS where it
+  // has no BOS (GPT-2's <|endoftext|>); ValueError when it has neither. The KV cache is sized by
+  // the longest prompt + max_new_tokens (at most the context); OutOfMemoryError says how much a
+  // batch needs when that cannot be had.
   std::vector<GenerationResult> generate(const std::vector<std::string>& prompts, const GenerateOptions& options,
                                          const StreamCallback& on_text = {}) const;
   GenerationResult generate(const std::string& prompt, const GenerateOptions& options,
                             const StreamCallback& on_text = {}) const;
-  // Token-level entry: prompts are ids (not re-encoded; add_special ignored).
+  // Token-level entry: prompts are ids (not re-encoded; add_special ignored); an empty one is a
+  // ValueError.
   std::vector<GenerationResult> generate_ids(const std::vector<std::vector<TokenId>>& prompts,
                                              const GenerateOptions& options, const StreamCallback& on_text = {}) const;
 

@@ -12,7 +12,8 @@ class Storage {
  public:
   static constexpr size_t kAlignment = 64;
 
-  // Allocates nbytes (zero-filled) on the device; throws DeviceError for devices not built.
+  // Allocates nbytes (zero-filled) on the device; throws DeviceError for devices not built and
+  // OutOfMemoryError (corelm/out_of_memory.h) when the memory cannot be had.
   static std::shared_ptr<Storage> allocate(size_t nbytes, Device device = Device::cpu());
   // The same without the zero fill (Tensor::empty): contents are unspecified, the caller writes
   // every byte it reads. CPU memory comes from a caching allocator (src/core/allocator.h); with

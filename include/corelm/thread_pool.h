@@ -8,7 +8,14 @@
 
 namespace corelm {
 
-// Sets the number of threads kernels may use (>= 1). Default: 1.
+// The most threads the pool runs. Far above any core count corelm is run on, it turns a typo
+// (--threads 100000) into a clear ValueError instead of tens of thousands of thread stacks.
+constexpr int kMaxThreads = 1024;
+
+// Sets the number of threads kernels may use, in [1, kMaxThreads] (ValueError otherwise).
+// Default: 1. When the system refuses to start a thread (ulimit -u, memory for its stack), the
+// pool goes back to 1 thread and an Error says how many threads were asked for and why they
+// could not start.
 void set_num_threads(int n);
 int num_threads();
 

@@ -23,7 +23,10 @@ struct BpeTrainStats {
 };
 
 // Streams the inputs (each read in bounded blocks), counts pre-tokens, learns merges, writes
-// `output` (a tokenizer.json). Throws IOError/ValueError with the file or option at fault.
+// `output` (a tokenizer.json) atomically: a unique temp file beside it, renamed over it, removed
+// on any failure, so concurrent trainers never share a temp name and nothing is left behind.
+// `output` must be a file path in an existing folder (checked before training). Throws
+// IOError/ValueError with the file or option at fault.
 BpeTrainStats train_bpe(const std::vector<std::string>& inputs, const BpeTrainOptions& options,
                         const std::string& output);
 

@@ -9,6 +9,13 @@
 // caching): a freed block that would exceed the cap goes back to the C heap (free(), which
 // unmaps large blocks). One mutex guards the lists; allocation is per tensor, not per element.
 //
+// release() never throws and never allocates: it runs in Storage's destructor, often while an
+// exception (an out-of-memory one, say) unwinds, where a throw would end in std::terminate. So
+// the free lists are intrusive (a cached block holds the pointer to the next one in its first
+// bytes) and there is one list head per size class in a fixed array: caching a block costs no
+// bookkeeping memory. An acquire that the C heap refuses first returns every cached block to it
+// and tries again, then throws OutOfMemoryError.
+//
 // Contents of a returned block are unspecified (whatever the last user wrote) unless poisoning is
 // on (env CORELM_ALLOC_POISON=1): then every block is filled with 0xFF bytes, a NaN in f32, bf16,
 // f16 and f64 and -1 in integers, so a read of memory nobody wrote shows up in results.
@@ -23,16 +30,20 @@ struct Block {
   size_t capacity = 0;  // the size class; pass it back to release()
 };
 
+// The largest request served; a larger one is an OutOfMemoryError at once (no machine has it,
+// and the size-class arithmetic stays clear of overflow).
+constexpr size_t kMaxBlockBytes = size_t{1} << 62;
+
 // A 64-byte aligned block of at least nbytes (at least 64 bytes for nbytes == 0). Throws
-// corelm::Error when out of memory.
+// corelm::OutOfMemoryError ("out of memory allocating N bytes") when the memory cannot be had.
 Block acquire(size_t nbytes);
-void release(Block block);
+void release(Block block) noexcept;
 
 // The cap in bytes for a CORELM_ALLOC_CACHE_MB value (null or empty: the default, 1024 MiB);
 // ValueError naming the variable for anything but a whole number.
 size_t parse_cache_limit_mb(const char* value);
 
-// The size class a request of nbytes is served from.
+// The size class a request of nbytes is served from (nbytes <= kMaxBlockBytes).
 size_t size_class(size_t nbytes);
 
 struct Stats {

@@ -1,11 +1,29 @@
 #include "corelm/storage.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "core/allocator.h"
 #include "corelm/error.h"
+#include "corelm/out_of_memory.h"
 
 namespace corelm {
+
+namespace {
+std::string out_of_memory_message(size_t bytes, const std::string& what) {
+  std::string m = "out of memory allocating " + std::to_string(bytes) + " bytes";
+  if (bytes >= (size_t{1} << 20)) {
+    char mib[48];
+    std::snprintf(mib, sizeof mib, " (%.1f MiB)", static_cast<double>(bytes) / (1 << 20));
+    m += mib;
+  }
+  if (!what.empty()) m += " for " + what;
+  return m;
+}
+}  // namespace
+
+OutOfMemoryError::OutOfMemoryError(size_t bytes, const std::string& what)
+    : Error(out_of_memory_message(bytes, what)), bytes_(bytes), purpose_(what) {}
 
 std::string Device::str() const {
   switch (type) {

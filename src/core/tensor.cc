@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "corelm/out_of_memory.h"
 #include "corelm/random.h"
 #include "strided_copy.h"
 #include "tensor_impl.h"
@@ -55,6 +56,19 @@ int64_t wrap_dim(int64_t d, int64_t ndim, const char* what) {
 void check_shape(const Shape& shape) {
   for (int64_t d : shape) CORELM_CHECK(d >= 0, ShapeError, "negative dimension in shape ", shape_str(shape));
 }
+// The tensor's storage; an allocation that fails names the tensor ("... for f32 tensor [...]").
+std::shared_ptr<Storage> tensor_storage(const Shape& shape, DType dtype, Device device, bool zero) {
+  // Checked: a product of dimensions that wraps would allocate a small buffer for a huge shape.
+  size_t nbytes = dtype_size(dtype);
+  for (int64_t d : shape)
+    CORELM_CHECK(!__builtin_mul_overflow(nbytes, static_cast<size_t>(d), &nbytes), ShapeError, dtype_name(dtype),
+                 " tensor ", shape_str(shape), " has more bytes than memory can address");
+  try {
+    return zero ? Storage::allocate(nbytes, device) : Storage::allocate_uninitialized(nbytes, device);
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(e.bytes(), std::string(dtype_name(dtype)) + " tensor " + shape_str(shape));
+  }
+}
 }  // namespace
 
 // ---------------------------------------------------------------- factories
@@ -62,8 +76,7 @@ void check_shape(const Shape& shape) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   check_shape(shape);
   auto impl = std::make_shared<Impl>();
-  impl->storage =
-      Storage::allocate_uninitialized(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->storage = tensor_storage(shape, dtype, device, false);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -73,7 +86,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   check_shape(shape);
   auto impl = std::make_shared<Impl>();
-  impl->storage = Storage::allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->storage = tensor_storage(shape, dtype, device, true);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -152,11 +153,20 @@ class Pool {
     // the core from the one doing the work. Pinned threads wrap over the set read at start-up.
     const int cpus = pin_ ? static_cast<int>(allowed_cpus().size()) : current_cpu_count();
     spin_us_ = cpus < n ? 0 : spin;
-    for (int i = 0; i + 1 < n; ++i)
-      workers_.emplace_back([this, slot = pin_ ? i + 1 : -2] {
-        if (slot >= 0) pin_self(slot);
-        worker_loop();
-      });
+    try {
+      for (int i = 0; i + 1 < n; ++i)
+        workers_.emplace_back([this, slot = pin_ ? i + 1 : -2] {
+          if (slot >= 0) pin_self(slot);
+          worker_loop();
+        });
+    } catch (const std::exception& e) {  // std::system_error (EAGAIN: ulimit -u, no memory), bad_alloc
+      const int started = static_cast<int>(workers_.size()) + 1;
+      stop_workers();  // a pool of 1 thread needs no worker, so it always works
+      threads_ = 1;
+      spin_us_ = 0;
+      throw Error(detail::concat("cannot start ", n, " compute threads (the system refused thread ", started + 1,
+                                 ": ", e.what(), "); use fewer threads"));
+    }
   }
 
   // Restarts the workers so that each starts pinned (or, when turning pinning off, inherits the
@@ -293,7 +303,7 @@ Pool& pool() {
 }  // namespace
 
 void set_num_threads(int n) {
-  CORELM_CHECK(n >= 1, ValueError, "set_num_threads: need at least 1 thread, got ", n);
+  CORELM_CHECK(n >= 1 && n <= kMaxThreads, ValueError, "thread count must be in [1, ", kMaxThreads, "], got ", n);
   if (n != pool().threads()) pool().resize(n);
 }
 

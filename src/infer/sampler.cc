@@ -129,8 +129,12 @@ void survivors(std::span<float> logits, std::span<const TokenId> context, const 
   apply_repetition_penalty(logits, context, o.repetition_penalty);
   ban_repeated_ngrams(logits, context, o.no_repeat_ngram_size);
   if (o.is_greedy()) return;
+  // A huge logit over a small temperature can still overflow to +inf; clamped, the softmax stays
+  // defined (the overflowing tokens share the mass) instead of turning into NaN.
+  constexpr float kMax = std::numeric_limits<float>::max();
   for (size_t i = 0; i < logits.size(); ++i)
-    if (logits[i] != kNegInf && !std::isnan(logits[i])) c.emplace_back(logits[i] / o.temperature, static_cast<TokenId>(i));
+    if (logits[i] != kNegInf && !std::isnan(logits[i]))
+      c.emplace_back(std::clamp(logits[i] / o.temperature, -kMax, kMax), static_cast<TokenId>(i));
   keep_top_k(c, o.top_k);
   if (o.top_k > 0) std::sort(c.begin(), c.end(), by_score);  // few left: cheap
   keep_top_p(c, o.top_p);

@@ -119,8 +119,12 @@ FastWeights pack_fast_weights(const Decoder& d, Precision precision) {
   w.final_norm = copy_of(d, "model.norm.weight", H);
   w.lm_head = pack_lm_head(d, d.lm_head_weight_name(), H, precision);
   w.embed = tensor_of(d, "model.embed_tokens.weight");
-  // Caches may be longer than max_position_embeddings (the reference path allows it too).
-  w.rope = kernels::RopeTable(c.head_dim, std::max<int64_t>(c.max_position_embeddings, 8192),
+  // Caches may be longer than max_position_embeddings (the reference path allows it too). The
+  // table is bounded, though: a context of 2^31-1 is a config value, not positions anyone
+  // reaches, and its table alone would be 2^31 x head_dim floats. 2^17 covers the 128K contexts
+  // of today's models; a position past it is a clear error of fused_rope_inplace.
+  constexpr int64_t kMaxRopeTablePositions = int64_t{1} << 17;
+  w.rope = kernels::RopeTable(c.head_dim, std::clamp<int64_t>(c.max_position_embeddings, 8192, kMaxRopeTablePositions),
                               static_cast<float>(c.rope_theta));
   return w;
 }

@@ -1,19 +1,47 @@
 // KVCache: one [B, Hkv, capacity, D] f32 buffer per layer for keys and for values, allocated
-// once up front (no allocation per decoded token), plus each row's filled length.
+// once up front (no allocation per decoded token), plus each row's filled length. Callers size
+// the capacity by what a request can reach (generate: prompt + max new tokens, bounded by the
+// context), never by the model's context alone: a 2^31-token context is a config value, not
+// memory anybody has.
+#include <cstdio>
+
 #include "corelm/error.h"
 #include "corelm/model.h"
+#include "corelm/out_of_memory.h"
 
 namespace corelm::model {
+
+namespace {
+std::string mib(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / double(1 << 20));
+  return buf;
+}
+}  // namespace
 
 KVCache::KVCache(const ModelConfig& config, int64_t batch, int64_t capacity) : capacity_(capacity) {
   config.validate();
   CORELM_CHECK(batch > 0, ValueError, "KVCache: batch must be positive, got ", batch);
   CORELM_CHECK(capacity > 0, ValueError, "KVCache: capacity must be positive, got ", capacity);
   const int64_t d = config.head_dim == 0 ? config.hidden_size / config.num_attention_heads : config.head_dim;
+  // In double: the product of a hostile config's sizes may not fit an int64.
+  const double total = 2.0 * double(config.num_hidden_layers) * double(batch) * double(config.num_key_value_heads) *
+                       double(capacity) * double(d) * sizeof(float);
+  const auto what = [&] {
+    return detail::concat("a KV cache of ", batch, " rows x ", capacity, " positions x ", config.num_hidden_layers,
+                          " layers (", config.num_key_value_heads, " kv heads x ", d, " dims, fp32 keys and values)");
+  };
+  // Past this no allocation can succeed, and the byte counts would not fit a size_t.
+  CORELM_CHECK(total <= double(size_t{1} << 62), ValueError, what(), " needs ", mib(total),
+               ": more than memory can address");
   lengths_.assign(static_cast<size_t>(batch), 0);
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    k_.push_back(Tensor::zeros({batch, config.num_key_value_heads, capacity, d}));
-    v_.push_back(Tensor::zeros({batch, config.num_key_value_heads, capacity, d}));
+  try {
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      k_.push_back(Tensor::zeros({batch, config.num_key_value_heads, capacity, d}));
+      v_.push_back(Tensor::zeros({batch, config.num_key_value_heads, capacity, d}));
+    }
+  } catch (const OutOfMemoryError&) {
+    throw OutOfMemoryError(static_cast<size_t>(total), what());  // the whole cache, not the one layer that failed
   }
 }
 

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "corelm/durable.h"
 #include "corelm/error.h"
 #include "corelm/tokenizer_train.h"
 #include "tokenizer/bpe_tokenizer.h"
@@ -45,6 +46,19 @@ struct PairInfo {
   std::vector<uint32_t> words;
 };
 
+// Before the (long) training: the output must be a file path in an existing folder. A folder
+// given as --output was only found at the final rename.
+void check_output(const std::string& output) {
+  CORELM_CHECK(!output.empty(), ValueError, "the output path is empty (give the tokenizer.json to write)");
+  std::error_code ec;
+  const std::filesystem::path path(output);
+  CORELM_CHECK(!std::filesystem::is_directory(path, ec), ValueError, output,
+               " is a directory: give the file to write, e.g. ", (path / "tokenizer.json").string());
+  const std::filesystem::path parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  CORELM_CHECK(std::filesystem::is_directory(parent, ec), IOError, output, ": its folder ", parent.string(),
+               " does not exist");
+}
+
 }  // namespace
 
 BpeTrainStats train_bpe(const std::vector<std::string>& inputs, const BpeTrainOptions& options,
@@ -59,6 +73,7 @@ BpeTrainStats train_bpe(const std::vector<std::string>& inputs, const BpeTrainOp
   CORELM_CHECK(options.vocab_size >= min_vocab, ValueError, "--vocab-size must be at least ", min_vocab,
                " (256 byte tokens + ", options.special_tokens.size(), " special tokens)");
   CORELM_CHECK(!inputs.empty(), ValueError, "no --input files given");
+  check_output(output);
 
   // Pass 1: count pre-tokens.
   uint64_t total = 0;
@@ -233,16 +248,9 @@ BpeTrainStats train_bpe(const std::vector<std::string>& inputs, const BpeTrainOp
   }
   stats.vocab_size = spec.tokens.size() + spec.added.size();
   std::string json = tok::to_hf_tokenizer_json(spec);
-  std::string tmp = output + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    CORELM_CHECK(out.good(), IOError, output, ": cannot create: ", std::strerror(errno));
-    out << json << "\n";
-    CORELM_CHECK(out.good(), IOError, output, ": write failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, output, ec);
-  CORELM_CHECK(!ec, IOError, output, ": cannot rename from ", tmp, ": ", ec.message());
+  // A unique temp name beside the target, removed on every error path: a fixed "<output>.tmp"
+  // was left behind on failure and shared by concurrent trainers.
+  write_file_atomic(output, json + "\n");
   return stats;
 }
 

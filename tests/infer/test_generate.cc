@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -342,6 +343,43 @@ TEST_F(GenerateTest, BadOptionsAndPromptsAreValueErrors) {
   o = greedy(5);
   o.sampling.top_p = 2.0f;
   EXPECT_THROW(gen.generate_ids({{5}}, o), ValueError);
+}
+
+}  // namespace
+}  // namespace corelm::infer
+
+namespace corelm::infer {
+namespace {
+
+// Issue 13, defect 8: the KV cache held the whole context per prompt, so a model whose config
+// says 2^31-1 positions could not generate at all. The cache now holds prompt + max_new_tokens;
+// the same model generates exactly what a small-context copy of it does, on both paths.
+TEST_F(GenerateTest, AHugeContextCostsOnlyWhatTheRequestReaches) {
+  model::ModelConfig c = small_config(tokenizer_->vocab_size());
+  auto small = make_model(c);
+  c.max_position_embeddings = (int64_t{1} << 31) - 1;
+  auto huge = make_model(c);
+  TextGenerator a(*small, *tokenizer_), b(*huge, *tokenizer_);
+  const GenerateOptions o = greedy(10);
+  const std::vector<std::string> prompts{"the cat sat", "a dog ran on the mat and"};
+  const auto want = a.generate(prompts, o), got = b.generate(prompts, o);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
+  huge->prepare_inference(model::Precision::BF16);  // the fast path's tables are bounded too
+  small->prepare_inference(model::Precision::BF16);
+  EXPECT_EQ(b.generate(prompts[0], o).tokens, a.generate(prompts[0], o).tokens);
+}
+
+// Issue 13, defect 16: an empty prompt starts from BOS (here, with no BOS, from EOS) instead of
+// being refused; the token-level entry still refuses an empty id list.
+TEST_F(GenerateTest, AnEmptyPromptStartsFromBos) {
+  auto d = make_model();
+  TextGenerator gen(*d, *tokenizer_);
+  const std::optional<TokenId> start = tokenizer_->bos_id() ? tokenizer_->bos_id() : tokenizer_->eos_id();
+  ASSERT_TRUE(start.has_value());
+  const GenerationResult r = gen.generate("", greedy(5));
+  EXPECT_EQ(r.prompt_tokens, 1);
+  EXPECT_EQ(r.tokens, gen.generate_ids({{*start}}, greedy(5)).front().tokens);
+  EXPECT_THROW(gen.generate_ids({{}}, greedy(5)), ValueError);
 }
 
 }  // namespace

@@ -55,6 +55,60 @@ TEST(Sampler, TopK1TopPTinyAndTemperatureZeroAreGreedy) {
   }
 }
 
+// Issue 13 defect 13: 1e-38 passed the "> 0" check, logits / 1e-38 overflowed to +inf, the
+// softmax became NaN and the draw fell through to the last candidate (id 7 here) every time.
+TEST(Sampler, TemperaturesBelowTheEpsilonAreGreedy) {
+  for (float t : {1e-38f, 1e-30f, 1e-10f, 0.99e-5f, std::numeric_limits<float>::denorm_min()}) {
+    SamplingOptions o;
+    o.temperature = t;
+    EXPECT_TRUE(o.is_greedy()) << t;
+    for (uint64_t seed = 0; seed < 10; ++seed) EXPECT_EQ(draw(o, seed, example_logits()), 1) << "temperature " << t;
+  }
+  SamplingOptions at_eps;
+  at_eps.temperature = kGreedyTemperature;
+  EXPECT_FALSE(at_eps.is_greedy()) << "the epsilon itself still samples";
+}
+
+// Just above the epsilon, a huge logit still overflows float when scaled: the overflowing tokens
+// keep the mass instead of the softmax turning into NaN.
+TEST(Sampler, OverflowingScaledLogitsStayDefined) {
+  SamplingOptions o;
+  o.temperature = 2e-5f;
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    EXPECT_EQ(draw(o, seed, {0.0f, 1e35f, -1e35f, 5.0f}), 1);
+    std::vector<float> logits{0.0f, 1e35f, 2.0f};
+    warp_logits(logits, {}, o);
+    for (float x : logits) EXPECT_FALSE(std::isnan(x));
+  }
+}
+
+TEST(Sampler, NonFiniteAndOutOfRangeOptionsAreRefused) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto refused = [](auto set) {
+    SamplingOptions o;
+    set(o);
+    try {
+      o.validate();
+    } catch (const ValueError&) {
+      return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.temperature = nan; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.temperature = inf; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.temperature = -1e-38f; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.top_p = nan; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.top_p = 1.0001f; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.top_p = -0.5f; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.min_p = nan; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.min_p = -0.1f; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.repetition_penalty = nan; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.repetition_penalty = -1.0f; }));
+  EXPECT_TRUE(refused([&](SamplingOptions& o) { o.no_repeat_ngram_size = -1; }));
+  EXPECT_FALSE(refused([&](SamplingOptions& o) { o.temperature = 0.0f; }));
+  EXPECT_FALSE(refused([&](SamplingOptions& o) { o.top_p = 1.0f; }));
+}
+
 // Frequencies over many draws: which tokens ever appear.
 std::map<TokenId, int> histogram(const SamplingOptions& o, int n = 4000) {
   Sampler s(o, 123);
