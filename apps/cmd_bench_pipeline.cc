@@ -71,7 +71,9 @@ void run(const BenchPipelineArgs& a) {
     for (int64_t i = 0; i < a.docs; ++i) {
       std::vector<TokenId> ids = tok->encode(synthetic_words(rng, static_cast<int>(a.doc_tokens * 2)));
       ids.resize(static_cast<size_t>(a.doc_tokens));
-      in << nlohmann::json{{"text", tok->decode(ids)}}.dump() << "\n";
+      // Cut ids may end inside a multi-byte character: replace it rather than fail the dump.
+      in << nlohmann::json{{"text", tok->decode(ids)}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+         << "\n";
     }
   }
   pipeline::RunOptions o;

@@ -1,6 +1,7 @@
 #include "pipeline/reader.h"
 
 #include "corelm/error.h"
+#include "corelm/utf8.h"
 
 namespace corelm::pipeline {
 
@@ -28,7 +29,7 @@ ChunkWork ChunkReader::read(const Chunk& chunk) {
 Item ChunkReader::parse_line(const std::string& file, int64_t line_no, const std::string& line, bool too_long) const {
   Item item;
   item.line = line_no;
-  item.id = file + ":" + std::to_string(line_no);
+  item.id = escape_invalid_utf8(file) + ":" + std::to_string(line_no);  // JSON output: valid UTF-8
   if (too_long) {
     item.error = "line longer than --max-line-bytes " + std::to_string(max_line_bytes_);
     return item;
