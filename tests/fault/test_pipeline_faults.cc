@@ -193,6 +193,25 @@ TEST_F(PipelineFaultTest, PlannerKilledHoldingPlanLockDoesNotBlockTheNextRun) {
   EXPECT_FALSE(fs::exists(lock));
 }
 
+TEST_F(PipelineFaultTest, RunKilledWhilePlanningLeavesNoLockThatBlocks) {
+  if (!have_program("strace")) GTEST_SKIP() << "strace not installed";
+  write_text(path("in.jsonl"), corpus_jsonl(40, 8, 15));
+  // FileLock writes its holder record with pwrite: the 1st is run.lock's, the 2nd plan.lock's,
+  // so the kill lands while this run holds the plan lock.
+  std::vector<std::string> args = classify_args(path("in.jsonl"), path("out"));
+  args.insert(args.begin(), {"-f", "-qq", "-o", "/dev/null", "-e", "trace=pwrite64", "-e",
+                             "inject=pwrite64:signal=KILL:when=2", corelm_path()});
+  const CliResult killed = run_program("strace", args, limit(30));
+  if (killed.rc != 128 + SIGKILL && fs::exists(path("out") + "/plan.json"))
+    GTEST_SKIP() << "strace could not inject here: " << killed.all();
+  ASSERT_TRUE(fs::exists(path("out") + "/plan.lock")) << killed.all();
+  ASSERT_FALSE(fs::exists(path("out") + "/plan.json"));
+  const CliResult r = run_corelm(classify_args(path("in.jsonl"), path("out")), limit(30));
+  EXPECT_FALSE(r.timed_out) << r.all();
+  EXPECT_EQ(r.rc, 0) << r.all();
+  EXPECT_TRUE(fs::exists(path("out") + "/manifest.json"));
+}
+
 // ---- defect 11: strings that are not UTF-8 ---------------------------------------------------
 
 TEST_F(PipelineFaultTest, NonUtf8FileNamesAreEscapedInEveryJsonOutput) {
