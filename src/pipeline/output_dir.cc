@@ -1,11 +1,13 @@
 #include "pipeline/output_dir.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,8 +15,8 @@
 #include <set>
 #include <vector>
 
-#include "corelm/error.h"
 #include "corelm/durable.h"
+#include "corelm/error.h"
 #include "pipeline/hash.h"
 
 namespace corelm::pipeline {
@@ -184,7 +186,13 @@ void OutputDir::discard_temps(const std::vector<int64_t>& chunks) const {
   for (const auto& e : fs::directory_iterator(dir_)) {
     const std::string name = e.path().filename().string();
     const size_t at = name.find(".tmp.", 1);
-    if (at != std::string::npos && prefixes.count(name.substr(0, at + 5))) fs::remove(e.path());
+    if (at == std::string::npos || !prefixes.count(name.substr(0, at + 5))) continue;
+    // The same shard run twice at once (a restart while the old process still lives): leave the
+    // temp file a live writer on this host is about to rename. The pid follows ".tmp.".
+    const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;
+    std::error_code ec;
+    fs::remove(e.path(), ec);  // another process may have removed it first
   }
 }
 
