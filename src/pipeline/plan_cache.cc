@@ -41,7 +41,10 @@ nlohmann::ordered_json to_json(const Plan& plan, const nlohmann::ordered_json& k
         offsets.push_back(c.offset);
         lines += c.lines;
       }
-    files.push_back({{"path", escape_invalid_utf8(plan.files[f])}, {"bytes", plan.file_bytes[f]}, {"lines", lines}, {"offsets", offsets}});
+    files.push_back({{"path", escape_invalid_utf8(plan.files[f])},
+                     {"bytes", plan.file_bytes[f]},
+                     {"lines", lines},
+                     {"offsets", offsets}});
   }
   // Empty files by index: the names are in the key (escaped where they are not UTF-8).
   std::vector<int> empty;

@@ -134,17 +134,19 @@ class ProgressLine {
   Clock::time_point start_ = Clock::now(), last_ = Clock::time_point{};
 };
 
-// Output lines of one chunk, in input order.
-// JSON output must be valid UTF-8: file names are escaped where they are written (escaped()),
-// reasons may quote input bytes; the model's own output (a cut multi-byte character) is replaced.
+// Output lines of one chunk, in input order. JSON output must be valid UTF-8: file names and
+// reasons (which may quote input bytes) are escaped; the model's own output (a cut multi-byte
+// character) is replaced.
 void render(const ChunkWork& work, const std::string& file, std::string& parts, std::string& errors, ChunkStats& st) {
   const auto dump = [](const nlohmann::ordered_json& j) {
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   };
   for (const Item& it : work.items) {
     if (!it.doc) {
-      nlohmann::ordered_json e{
-          {"file", escape_invalid_utf8(file)}, {"line", it.line}, {"id", it.id}, {"reason", escape_invalid_utf8(it.error)}};
+      nlohmann::ordered_json e{{"file", escape_invalid_utf8(file)},
+                               {"line", it.line},
+                               {"id", it.id},
+                               {"reason", escape_invalid_utf8(it.error)}};
       errors += dump(e);
       ++st.errors;
       continue;
@@ -199,9 +201,12 @@ RunSummary run_impl(const RunOptions& o, const MpiWorld& world) {
   th.update(hashed.dump());
   std::vector<std::string> file_names;  // as written to JSON (run.json, manifest)
   for (const auto& f : files) file_names.push_back(escape_invalid_utf8(f));
-  nlohmann::ordered_json identity{{"model", escape_invalid_utf8(o.model)},           {"model_hash", model_hash(model, o.model)},
-                                  {"task_hash", th.hex()},      {"task", task_json},
-                                  {"inputs", file_names},       {"chunk_records", o.chunk_records},
+  nlohmann::ordered_json identity{{"model", escape_invalid_utf8(o.model)},
+                                  {"model_hash", model_hash(model, o.model)},
+                                  {"task_hash", th.hex()},
+                                  {"task", task_json},
+                                  {"inputs", file_names},
+                                  {"chunk_records", o.chunk_records},
                                   {"max_line_bytes", o.max_line_bytes}};
   if (world.active() && world.rank() != 0) world.barrier();  // rank 0 settles run.json first
   const std::string tag = std::to_string(shard) + "-of-" + std::to_string(shards);

@@ -272,7 +272,9 @@ TEST_F(PipelineFaultTest, NonUtf8LabelsTemplatesAndFieldsAreRefusedNamingTheOpti
 // ---- defect 16: task-file type errors name the key; the context error names real options -----
 
 TEST_F(PipelineFaultTest, TaskFileTypeErrorsNameTheKeyAndTheType) {
-  auto msg = [](const char* text) { return error_of([&] { pipeline::TaskSpec::from_json(nlohmann::json::parse(text)); }); };
+  auto msg = [](const char* text) {
+    return error_of([&] { pipeline::TaskSpec::from_json(nlohmann::json::parse(text)); });
+  };
   EXPECT_EQ(msg(R"({"labels": "a,b"})"), "task file key \"labels\" must be an array of strings, got string");
   EXPECT_EQ(msg(R"({"labels": ["a", 2]})"), "task file key \"labels\"[1] must be a string, got number");
   EXPECT_EQ(msg(R"({"max_tokens": "8"})"), "task file key \"max_tokens\" must be an integer, got string");
