@@ -13,11 +13,13 @@
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
+#include "corelm/durable.h"
 #include "corelm/error.h"
 #include "corelm/model_dir.h"
 #include "corelm/pipeline.h"
 #include "corelm/tokenizer.h"
 #include "corelm/tokenizer_train.h"
+#include "corelm/utf8.h"
 
 namespace corelm::cli {
 namespace {
@@ -67,12 +69,16 @@ void run(const BenchPipelineArgs& a) {
   }
   auto tok = Tokenizer::load(model_dir + "/tokenizer.json");
   {
-    std::ofstream in(dir / "docs.jsonl");
+    // Written whole (temp name + rename): a --scratch folder may hold a corpus of an earlier run.
+    std::string in;
     for (int64_t i = 0; i < a.docs; ++i) {
       std::vector<TokenId> ids = tok->encode(synthetic_words(rng, static_cast<int>(a.doc_tokens * 2)));
       ids.resize(static_cast<size_t>(a.doc_tokens));
-      in << nlohmann::json{{"text", tok->decode(ids)}}.dump() << "\n";
+      // Cut ids may end inside a multi-byte character: replace it rather than fail the dump.
+      in += nlohmann::json{{"text", tok->decode(ids)}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+            "\n";
     }
+    write_file_atomic((dir / "docs.jsonl").string(), in);
   }
   pipeline::RunOptions o;
   o.model = model_dir;
@@ -95,7 +101,7 @@ void run(const BenchPipelineArgs& a) {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
   const double cpu = (c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9;
   nlohmann::ordered_json j{{"bench", "pipeline_classify"},
-                           {"model", a.model.empty() ? a.preset + " (random weights)" : a.model},
+                           {"model", a.model.empty() ? a.preset + " (random weights)" : escape_invalid_utf8(a.model)},
                            {"docs", s.records},
                            {"doc_tokens", a.doc_tokens},
                            {"labels", a.labels},

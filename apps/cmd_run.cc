@@ -9,13 +9,14 @@
 #include "command_registry.h"
 #include "corelm/error.h"
 #include "corelm/pipeline.h"
+#include "corelm/utf8.h"
 
 namespace corelm::cli {
 namespace {
 
 struct RunArgs {
   pipeline::RunOptions opt;
-  std::string shard = "0/1", truncate = "head", task_file;
+  std::string shard = "0/1", truncate = "head", task_file, regex;
   bool json = false;
 };
 
@@ -58,9 +59,14 @@ void run(RunArgs& a, CLI::App& c, pipeline::TaskKind kind) {
     try {
       j = nlohmann::json::parse(in);
     } catch (const nlohmann::json::exception& e) {
-      throw FormatError("--task " + a.task_file + ": invalid JSON: " + e.what());
+      throw FormatError("--task " + a.task_file + ": invalid JSON: " + escape_invalid_utf8(e.what()));
     }
-    pipeline::TaskSpec file = pipeline::TaskSpec::from_json(j);
+    pipeline::TaskSpec file;
+    try {
+      file = pipeline::TaskSpec::from_json(j);
+    } catch (const ValueError& e) {
+      throw ValueError("--task " + a.task_file + ": " + e.what());
+    }
     CORELM_CHECK(!j.contains("task") || file.kind == kind, ValueError, "--task ", a.task_file, " describes a ",
                  pipeline::task_kind_name(file.kind), " task, not ", pipeline::task_kind_name(kind));
     auto given = [&](const char* name) {
@@ -81,6 +87,8 @@ void run(RunArgs& a, CLI::App& c, pipeline::TaskKind kind) {
     if (!given("--truncate")) a.truncate = j.value("truncate", a.truncate);
     if (!given("--add-special")) t.add_special = file.add_special;
   }
+  // Given (even empty, which the task check refuses) or unset: "" is not "no constraint".
+  if (c.get_option_no_throw("--regex") && c.get_option_no_throw("--regex")->count() > 0) t.regex = a.regex;
   t.kind = kind;
   t.template_text = unescape(t.template_text);
   for (auto& s : t.stop) s = unescape(s);
@@ -119,7 +127,7 @@ void add_task(CLI::App& group, pipeline::TaskKind kind, const std::string& help)
     c->add_option("--stop", t.stop, "stop string (repeatable; cut from the output)");
     c->add_option("--max-tokens", t.max_tokens, "tokens to generate at most")->capture_default_str();
     c->add_option("--choices", t.choices, "constrain the output to one of these (comma-separated)")->delimiter(',');
-    c->add_option("--regex", t.regex, "constrain the output to a full match of this regex (subset: see docs/SCALE-OUT.md)");
+    c->add_option("--regex", a->regex, "constrain the output to a full match of this regex (subset: see docs/SCALE-OUT.md)");
   }
   c->add_option("--max-context", t.max_context, "context limit in tokens (default: the model's)");
   c->add_option("--truncate", a->truncate, "over-long documents: head (keep the start), tail (keep the end), "

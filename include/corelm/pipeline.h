@@ -5,6 +5,7 @@
 // finished chunks and ends with the same bytes as an uninterrupted run. See docs/SCALE-OUT.md.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,16 +37,18 @@ struct TaskSpec {
   std::vector<std::string> stop;
   int64_t max_tokens = 32;
   std::vector<std::string> choices;    // constrained: the output is one of these
-  std::string regex;                   // constrained: the output matches this (see regex_nfa.h)
+  std::optional<std::string> regex;    // constrained: the output matches this (see regex_nfa.h);
+                                       // set but empty is refused by validate()
   // all
   int64_t max_context = 0;             // 0: the model's max_position_embeddings
   Truncate truncate = Truncate::Head;
   bool add_special = false;            // BOS etc. on the prompt (SFT pairs are encoded without)
 
   std::string effective_template() const;
-  void validate() const;  // ValueError naming the option
+  void validate() const;  // ValueError naming the option (also for strings that are not UTF-8)
   nlohmann::ordered_json to_json() const;
-  static TaskSpec from_json(const nlohmann::json& j);  // a task file; unknown keys -> ValueError
+  // A task file; an unknown key or a value of the wrong type -> ValueError naming the key.
+  static TaskSpec from_json(const nlohmann::json& j);
 };
 
 struct RunOptions {

@@ -48,16 +48,20 @@ Engine::Engine(const model::Decoder& decoder, const Tokenizer& tokenizer, TaskSp
     budget_ = ctx_ - label_len_;
   } else if (spec_.kind == TaskKind::Extract) {
     budget_ = ctx_ - spec_.max_tokens;
-    if (!spec_.regex.empty()) regex_ = Regex::compile(spec_.regex);
+    if (spec_.regex) regex_ = Regex::compile(*spec_.regex);
   } else {
     budget_ = ctx_;
   }
   EncodeOptions eo;
   eo.add_special = spec_.add_special;
   const int64_t template_tokens = static_cast<int64_t>(tok_.encode(prefix_text_ + suffix_text_, eo).size());
+  // The advice names only options this task has: --max-tokens is extract's, labels classify's.
+  const char* advice = "raise --max-context or shorten --template";
+  if (spec_.kind == TaskKind::Classify) advice = "raise --max-context, shorten --template or --labels";
+  if (spec_.kind == TaskKind::Extract) advice = "raise --max-context, shorten --template or lower --max-tokens";
   CORELM_CHECK(budget_ > template_tokens, ValueError, "the context of ", ctx_, " tokens leaves ", budget_,
-               " for the prompt, but the template alone takes ", template_tokens,
-               " (raise --max-context, shorten the template or lower --max-tokens)");
+               " for the prompt, but the template alone takes ", template_tokens, " (", advice,
+               "; --max-context is at most the model's max_position_embeddings, ", cfg.max_position_embeddings, ")");
 
   // The template's prefix is run once; each document copies its keys/values.
   prefix_ = tok_.encode(prefix_text_, eo);

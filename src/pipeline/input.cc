@@ -57,29 +57,81 @@ class PlainSource : public ByteSource {
   Fd fd_;
 };
 
+// gzip through inflate itself rather than gzread: gzread reports a file cut inside a member as a
+// short read (its Z_BUF_ERROR only shows through gzerror) and skips whatever follows the last
+// member, so a truncated or damaged file would read as a clean end of file. Members follow one
+// another (multi-member files from `cat a.gz b.gz` or pigz); after the last one only zero
+// padding may follow, as gzip(1) itself tolerates.
 class GzipSource : public ByteSource {
  public:
-  explicit GzipSource(const std::string& path) : path_(path) {
-    gz_ = gzopen(path.c_str(), "rb");
-    if (!gz_) throw IOError(path + ": cannot open gzip stream");
-    gzbuffer(gz_, 1 << 17);
+  explicit GzipSource(const std::string& path) : fd_(path), in_(size_t(1) << 17) {
+    CORELM_CHECK(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK, IOError, path, ": cannot start the gzip decoder");
   }
-  ~GzipSource() override { gzclose(gz_); }
+  ~GzipSource() override { inflateEnd(&zs_); }
   size_t read(char* buf, size_t n) override {
-    int r = gzread(gz_, buf, static_cast<unsigned>(std::min<size_t>(n, 1u << 30)));
-    if (r < 0) {
-      int err = 0;
-      const char* msg = gzerror(gz_, &err);
-      throw FormatError(path_ + ": corrupt gzip data: " + (msg ? msg : "unknown error"));
+    if (done_ || n == 0) return 0;
+    zs_.next_out = reinterpret_cast<Bytef*>(buf);
+    const uInt want = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    zs_.avail_out = want;
+    while (zs_.avail_out == want) {  // until some output (an empty member gives none)
+      if (zs_.avail_in == 0 && !refill()) {
+        // The file ended. Between members (or at the start of padding) that is the end; inside a
+        // member it is a truncated file.
+        if (!in_member_) {
+          done_ = true;
+          break;
+        }
+        throw FormatError(fd_.path() + ": truncated gzip stream: the file ends at byte " + std::to_string(consumed()) +
+                          " inside the gzip member that starts at byte " + std::to_string(member_start_));
+      }
+      if (!in_member_) {
+        // Bytes after a complete member: another member, zero padding, or garbage.
+        const unsigned char c = *zs_.next_in;
+        if (c == 0) {  // padding; once it starts, only zeros may follow
+          padding_ = true;
+          ++zs_.next_in;
+          --zs_.avail_in;
+          continue;
+        }
+        if (padding_ || c != 0x1f) throw trailing_garbage();
+        member_start_ = consumed();
+        in_member_ = true;
+        CORELM_CHECK(inflateReset(&zs_) == Z_OK, IOError, fd_.path(), ": cannot restart the gzip decoder");
+      }
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      if (rc == Z_STREAM_END) {
+        in_member_ = false;
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        throw FormatError(fd_.path() + ": corrupt gzip data near byte " + std::to_string(consumed()) +
+                          " (gzip member starting at byte " + std::to_string(member_start_) +
+                          "): " + (zs_.msg ? zs_.msg : "inflate error " + std::to_string(rc)));
+      }
     }
-    return static_cast<size_t>(r);
+    return want - zs_.avail_out;
   }
 
  private:
-  std::string path_;
-  gzFile gz_ = nullptr;
+  bool refill() {
+    const size_t got = fd_.read(in_.data(), in_.size());
+    read_ += got;
+    zs_.next_in = reinterpret_cast<Bytef*>(in_.data());
+    zs_.avail_in = static_cast<uInt>(got);
+    return got > 0;
+  }
+  uint64_t consumed() const { return read_ - zs_.avail_in; }
+  FormatError trailing_garbage() const {
+    return FormatError(fd_.path() + ": unexpected data after the end of the gzip stream at byte " +
+                       std::to_string(consumed()) + " (not a gzip member; the file is damaged or not gzip)");
+  }
+
+  Fd fd_;
+  std::vector<char> in_;
+  z_stream zs_{};
+  uint64_t read_ = 0, member_start_ = 0;
+  bool in_member_ = true, padding_ = false, done_ = false;
 };
 
+// zstd frames follow one another; the stream must end on a frame boundary.
 class ZstdSource : public ByteSource {
  public:
   explicit ZstdSource(const std::string& path) : fd_(path), in_(ZSTD_DStreamInSize()) {
@@ -93,23 +145,32 @@ class ZstdSource : public ByteSource {
       if (ib_.pos == ib_.size) {
         size_t got = fd_.read(in_.data(), in_.size());
         if (got == 0) {
-          if (!frame_done_) throw FormatError(fd_.path() + ": truncated zstd stream");
+          if (!frame_done_)
+            throw FormatError(fd_.path() + ": truncated zstd stream: the file ends at byte " + std::to_string(read_) +
+                              " inside the zstd frame that starts at byte " + std::to_string(frame_start_));
           return 0;
         }
+        read_ += got;
         ib_ = ZSTD_inBuffer{in_.data(), got, 0};
       }
+      if (frame_done_) frame_start_ = consumed();
       size_t rc = ZSTD_decompressStream(ds_, &out, &ib_);
-      if (ZSTD_isError(rc)) throw FormatError(fd_.path() + ": corrupt zstd data: " + ZSTD_getErrorName(rc));
+      if (ZSTD_isError(rc))
+        throw FormatError(fd_.path() + ": corrupt zstd data near byte " + std::to_string(consumed()) +
+                          " (zstd frame starting at byte " + std::to_string(frame_start_) +
+                          "): " + ZSTD_getErrorName(rc));
       frame_done_ = rc == 0;
     }
     return out.pos;
   }
 
  private:
+  uint64_t consumed() const { return read_ - (ib_.size - ib_.pos); }
   Fd fd_;
   std::vector<char> in_;
   ZSTD_inBuffer ib_{nullptr, 0, 0};
   ZSTD_DStream* ds_ = nullptr;
+  uint64_t read_ = 0, frame_start_ = 0;
   bool frame_done_ = true;
 };
 

@@ -1,18 +1,22 @@
 #include "pipeline/output_dir.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <set>
+#include <vector>
 
+#include "corelm/durable.h"
 #include "corelm/error.h"
-#include "corelm/safetensors.h"
-#include "io/atomic_writer.h"
 #include "pipeline/hash.h"
 
 namespace corelm::pipeline {
@@ -25,15 +29,45 @@ std::string numbered(const char* stem, int64_t chunk) {
   return buf;
 }
 
-bool same_identity(const std::string& run_json, const nlohmann::ordered_json& identity) {
-  try {
-    std::ifstream in(run_json);
-    const nlohmann::json old = nlohmann::json::parse(in);
-    return old.value("model_hash", "") == identity.value("model_hash", "") &&
-           old.value("task_hash", "") == identity.value("task_hash", "");
-  } catch (const std::exception&) {
-    return false;
+// A short description of a run for the refusal message: the task, its labels, the model.
+std::string describe_run(const nlohmann::json& id) {
+  if (!id.is_object()) return "an unreadable run.json";
+  const nlohmann::json t = id.contains("task") && id["task"].is_object() ? id["task"] : nlohmann::json::object();
+  std::string s = "task '" + (t.contains("task") && t["task"].is_string() ? t["task"].get<std::string>() : "?") + "'";
+  if (t.contains("labels") && t["labels"].is_array()) {
+    std::string labels;
+    for (const auto& l : t["labels"])
+      labels += (labels.empty() ? "" : ",") + (l.is_string() ? l.get<std::string>() : l.dump());
+    s += " (labels " + labels + ")";
   }
+  if (id.contains("model") && id["model"].is_string()) s += " with model " + id["model"].get<std::string>();
+  return s;
+}
+
+// What differs between two run identities, in words ("labels, template" or "model ...").
+std::string differences(const nlohmann::json& a, const nlohmann::json& b) {
+  std::vector<std::string> diff;
+  if (a.value("model_hash", "") != b.value("model_hash", "")) diff.push_back("model (weights or tokenizer)");
+  const nlohmann::json ta = a.contains("task") ? a["task"] : nlohmann::json();
+  const nlohmann::json tb = b.contains("task") ? b["task"] : nlohmann::json();
+  if (ta.is_object() && tb.is_object()) {
+    std::set<std::string> keys;
+    for (const auto& [k, v] : ta.items()) keys.insert(k);
+    for (const auto& [k, v] : tb.items()) keys.insert(k);
+    for (const auto& k : keys)
+      if (!ta.contains(k) || !tb.contains(k) || ta[k] != tb[k]) diff.push_back(k);
+  }
+  for (const char* k : {"inputs", "chunk_records", "max_line_bytes"})
+    if (!a.contains(k) || !b.contains(k) || a[k] != b[k]) diff.push_back(k);
+  if (diff.empty()) diff.push_back("the inputs' sizes or modification times, or --precision");
+  std::string s;
+  for (const auto& d : diff) s += (s.empty() ? "" : ", ") + d;
+  return s;
+}
+
+bool same_identity(const nlohmann::json& old, const nlohmann::ordered_json& identity) {
+  return old.is_object() && old.value("model_hash", "") == identity.value("model_hash", "") &&
+         old.value("task_hash", "") == identity.value("task_hash", "");
 }
 
 }  // namespace
@@ -41,6 +75,15 @@ bool same_identity(const std::string& run_json, const nlohmann::ordered_json& id
 std::string part_name(int64_t chunk) { return numbered("part", chunk); }
 std::string errors_name(int64_t chunk) { return numbered("errors", chunk); }
 
+// The identity decision. Three pieces make "check the identity, then write under it" one atomic
+// step for every process that shares --out:
+//  - OUT/run.lock (a FileLock, held only while deciding) serialises the decisions;
+//  - run.json is created by compare-and-create, so two first runs never both write it; a loser
+//    reads the winner's identity and is refused when it differs;
+//  - every process of the adopted identity then holds OUT/run.active shared (flock LOCK_SH) for
+//    its whole life, and --overwrite may only replace the identity while it can take that lock
+//    exclusively, so it never clears the parts of a run that is still writing them.
+// Processes of the same identity (shards, MPI ranks, restarts) all pass and run side by side.
 OutputDir::OutputDir(std::string dir, const nlohmann::ordered_json& identity, bool overwrite,
                      const std::string& journal_tag)
     : dir_(std::move(dir)) {
@@ -49,27 +92,59 @@ OutputDir::OutputDir(std::string dir, const nlohmann::ordered_json& identity, bo
   CORELM_CHECK(!ec && fs::is_directory(dir_), IOError, "--out ", dir_, ": cannot create the output directory: ",
                ec ? ec.message() : "not a directory");
   CORELM_CHECK(::access(dir_.c_str(), W_OK) == 0, IOError, "--out ", dir_, ": not writable: ", std::strerror(errno));
+  const std::string text = identity.dump(2) + "\n";
   Hasher h;
   h.update(identity.dump());
   run_id_ = h.hex();
-  const std::string run_json = (fs::path(dir_) / "run.json").string();
-  if (fs::exists(run_json) && !overwrite) {
+  const fs::path d(dir_);
+  const std::string run_json = (d / "run.json").string(), active = (d / "run.active").string();
+  const std::string lock = (d / "run.lock").string();
+  const auto deciding = FileLock::acquire(lock, [&](const LockHolder& holder) {
+    std::cerr << "run: waiting for " << lock << " held by " << holder.describe() << "\n";
+  });
+  active_fd_ = ::open(active.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  CORELM_CHECK(active_fd_ >= 0, IOError, active, ": cannot create: ", std::strerror(errno));
+  try {
+    adopt_identity(run_json, text, identity, overwrite);
+  } catch (...) {
+    ::close(active_fd_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
+  journal_ = (d / ("journal-" + journal_tag + ".jsonl")).string();
+}
+
+void OutputDir::adopt_identity(const std::string& run_json, const std::string& text,
+                               const nlohmann::ordered_json& identity, bool overwrite) {
+  if (!create_file_exclusive(run_json, text)) {
     nlohmann::json old;
+    std::string unreadable;
     try {
       std::ifstream in(run_json);
       old = nlohmann::json::parse(in);
     } catch (const std::exception& e) {
-      throw FormatError(run_json + ": unreadable (" + e.what() + "); remove it or pass --overwrite");
+      unreadable = e.what();
     }
-    for (const char* key : {"model_hash", "task_hash"})
-      CORELM_CHECK(old.value(key, "") == identity.value(key, ""), ValueError, "--out ", dir_,
-                   " holds the output of a different run (", key, " ", old.value(key, ""), " there, ",
-                   identity.value(key, ""), " now); use another --out or pass --overwrite");
-  } else {
-    if (overwrite && fs::exists(run_json) && !same_identity(run_json, identity)) clear_outputs();
-    write_json("run.json", identity);
+    if (!unreadable.empty() || !same_identity(old, identity)) {
+      if (!overwrite) {
+        CORELM_CHECK(unreadable.empty(), FormatError, run_json, ": unreadable (", unreadable,
+                     "); remove it or pass --overwrite");
+        throw ValueError("--out " + dir_ + " holds the output of another run: " + describe_run(old) + " there, " +
+                         describe_run(identity) + " now (they differ in: " + differences(old, identity) +
+                         "); use another --out or pass --overwrite");
+      }
+      if (::flock(active_fd_, LOCK_EX | LOCK_NB) != 0)
+        throw IOError("--out " + dir_ + ": --overwrite refused: another run (" + describe_run(old) +
+                      ") is still writing there; wait for it to end or use another --out");
+      clear_outputs();
+      write_file_atomic(run_json, text);
+    }
   }
-  journal_ = (fs::path(dir_) / ("journal-" + journal_tag + ".jsonl")).string();
+  // Converts an exclusive lock taken above; no other process decides meanwhile (run.lock).
+  CORELM_CHECK(::flock(active_fd_, LOCK_SH) == 0, IOError, dir_, "/run.active: cannot lock: ", std::strerror(errno));
+}
+
+OutputDir::~OutputDir() {
+  if (active_fd_ >= 0) ::close(active_fd_);
 }
 
 std::map<int64_t, ChunkStats> OutputDir::done() const {
@@ -101,27 +176,35 @@ std::map<int64_t, ChunkStats> OutputDir::done() const {
 }
 
 void OutputDir::discard_temps(const std::vector<int64_t>& chunks) const {
+  // AtomicWriter's temp names are ".<name>.tmp.<pid>.<n>" (older versions: "<name>.tmp.<pid>").
   std::set<std::string> prefixes;
-  for (int64_t c : chunks) {
-    prefixes.insert(part_name(c) + ".tmp.");
-    prefixes.insert(errors_name(c) + ".tmp.");
-  }
+  for (int64_t c : chunks)
+    for (const std::string& n : {part_name(c), errors_name(c)}) {
+      prefixes.insert(n + ".tmp.");
+      prefixes.insert("." + n + ".tmp.");
+    }
   for (const auto& e : fs::directory_iterator(dir_)) {
     const std::string name = e.path().filename().string();
-    const size_t at = name.find(".tmp.");
-    if (at != std::string::npos && prefixes.count(name.substr(0, at + 5))) fs::remove(e.path());
+    const size_t at = name.find(".tmp.", 1);
+    if (at == std::string::npos || !prefixes.count(name.substr(0, at + 5))) continue;
+    // The same shard run twice at once (a restart while the old process still lives): leave the
+    // temp file a live writer on this host is about to rename. The pid follows ".tmp.".
+    const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;
+    std::error_code ec;
+    fs::remove(e.path(), ec);  // another process may have removed it first
   }
 }
 
 void OutputDir::commit(const ChunkStats& s, const std::string& part_lines, const std::string& error_lines) {
   const fs::path d(dir_);
   if (!error_lines.empty()) {
-    io::AtomicWriter w((d / errors_name(s.chunk)).string());
+    AtomicWriter w((d / errors_name(s.chunk)).string());
     w.write(error_lines);
     w.commit();
   }
   {
-    io::AtomicWriter w((d / part_name(s.chunk)).string());
+    AtomicWriter w((d / part_name(s.chunk)).string());
     w.write(part_lines);
     w.commit();
   }
@@ -148,13 +231,13 @@ void OutputDir::clear_outputs() const {
   for (const auto& e : fs::directory_iterator(dir_)) {
     const std::string name = e.path().filename().string();
     if (name.starts_with("part-") || name.starts_with("errors-") || name.starts_with("journal-") ||
-        name == "manifest.json")
+        name.starts_with(".part-") || name.starts_with(".errors-") || name == "manifest.json")
       fs::remove(e.path());
   }
 }
 
 void OutputDir::write_json(const std::string& name, const nlohmann::ordered_json& j) const {
-  io::write_file_atomic((fs::path(dir_) / name).string(), j.dump(2) + "\n");
+  write_file_atomic((fs::path(dir_) / name).string(), j.dump(2) + "\n");
 }
 
 }  // namespace corelm::pipeline

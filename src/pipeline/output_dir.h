@@ -3,6 +3,8 @@
 // fsynced. Only journal lines count as done, so a kill at any point leaves either a committed
 // chunk or one that is redone (rewriting the same bytes under the same names). Each process
 // appends to its own journal; lines carry the run identity, and a torn last line is ignored.
+// Locks: OUT/run.lock (deciding the identity), OUT/run.active (held shared by every live writer),
+// OUT/plan.lock (planning); all are flock(2) locks that die with their holder.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -23,10 +25,16 @@ std::string errors_name(int64_t chunk);  // errors-00000012.jsonl
 
 class OutputDir {
  public:
-  // Creates DIR if needed and checks DIR/run.json against `identity` (model + task hashes):
-  // a different identity is a ValueError unless `overwrite`, which deletes the other run's parts,
-  // errors, journals and manifest and adopts the new identity.
+  // Creates DIR if needed and checks DIR/run.json against `identity` (model + task hashes), or
+  // creates it, as one decision no concurrent process can interleave with: a different identity
+  // is a ValueError naming both runs unless `overwrite`, which deletes the other run's parts,
+  // errors, journals and manifest and adopts the new identity (refused while a process of the
+  // other run is still alive). The object keeps this process registered as a live writer of the
+  // identity until it is destroyed.
   OutputDir(std::string dir, const nlohmann::ordered_json& identity, bool overwrite, const std::string& journal_tag);
+  ~OutputDir();
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
   const std::string& dir() const { return dir_; }
   // Chunks committed by any process of this run identity.
   std::map<int64_t, ChunkStats> done() const;
@@ -36,8 +44,11 @@ class OutputDir {
   void write_json(const std::string& name, const nlohmann::ordered_json& j) const;
 
  private:
+  void adopt_identity(const std::string& run_json, const std::string& text, const nlohmann::ordered_json& identity,
+                      bool overwrite);
   void clear_outputs() const;
   std::string dir_, journal_, run_id_;
+  int active_fd_ = -1;  // OUT/run.active, flock'ed shared while this process writes
 };
 
 }  // namespace corelm::pipeline

@@ -1,8 +1,9 @@
 // The chunk plan is computed once per output directory and kept in OUT/plan.json, so that the
 // hundreds of processes of one job do not all read the whole corpus to find chunk boundaries:
-// the first process takes OUT/plan.lock (O_EXCL), computes and publishes the plan; the others wait
-// for it. The plan is keyed by the input files' names, sizes and modification times and the chunk
-// size; a stale plan is recomputed.
+// the first process takes OUT/plan.lock (a FileLock: released by the kernel when its holder dies,
+// even by kill -9), computes and publishes the plan; the others wait for the lock and then read
+// plan.json. The plan is keyed by the input files' names, sizes and modification times and the
+// chunk size; a stale plan is recomputed.
 #pragma once
 #include <string>
 #include <vector>

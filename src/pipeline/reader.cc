@@ -1,6 +1,9 @@
 #include "pipeline/reader.h"
 
+#include <cstdio>
+
 #include "corelm/error.h"
+#include "corelm/utf8.h"
 
 namespace corelm::pipeline {
 
@@ -28,9 +31,17 @@ ChunkWork ChunkReader::read(const Chunk& chunk) {
 Item ChunkReader::parse_line(const std::string& file, int64_t line_no, const std::string& line, bool too_long) const {
   Item item;
   item.line = line_no;
-  item.id = file + ":" + std::to_string(line_no);
+  item.id = escape_invalid_utf8(file) + ":" + std::to_string(line_no);  // JSON output: valid UTF-8
   if (too_long) {
     item.error = "line longer than --max-line-bytes " + std::to_string(max_line_bytes_);
+    return item;
+  }
+  // JSON text is UTF-8; name the first bad byte rather than quote it in a parser message.
+  if (const size_t bad = first_invalid_utf8(line); bad != std::string::npos) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(line[bad]));
+    item.error = "invalid UTF-8 (byte " + std::string(hex) + " at byte " + std::to_string(bad) +
+                 " of the line); JSON lines must be UTF-8";
     return item;
   }
   nlohmann::json j;

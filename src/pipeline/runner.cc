@@ -18,6 +18,7 @@
 #include "corelm/model_loader.h"
 #include "corelm/pipeline.h"
 #include "corelm/thread_pool.h"
+#include "corelm/utf8.h"
 #include "pipeline/engine.h"
 #include "pipeline/hash.h"
 #include "pipeline/input.h"
@@ -133,14 +134,19 @@ class ProgressLine {
   Clock::time_point start_ = Clock::now(), last_ = Clock::time_point{};
 };
 
-// Output lines of one chunk, in input order.
+// Output lines of one chunk, in input order. JSON output must be valid UTF-8: file names and
+// reasons (which may quote input bytes) are escaped; the model's own output (a cut multi-byte
+// character) is replaced.
 void render(const ChunkWork& work, const std::string& file, std::string& parts, std::string& errors, ChunkStats& st) {
   const auto dump = [](const nlohmann::ordered_json& j) {
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   };
   for (const Item& it : work.items) {
     if (!it.doc) {
-      nlohmann::ordered_json e{{"file", file}, {"line", it.line}, {"id", it.id}, {"reason", it.error}};
+      nlohmann::ordered_json e{{"file", escape_invalid_utf8(file)},
+                               {"line", it.line},
+                               {"id", it.id},
+                               {"reason", escape_invalid_utf8(it.error)}};
       errors += dump(e);
       ++st.errors;
       continue;
@@ -193,9 +199,14 @@ RunSummary run_impl(const RunOptions& o, const MpiWorld& world) {
   hashed["max_line_bytes"] = o.max_line_bytes;
   hashed["precision"] = o.precision;
   th.update(hashed.dump());
-  nlohmann::ordered_json identity{{"model", o.model},           {"model_hash", model_hash(model, o.model)},
-                                  {"task_hash", th.hex()},      {"task", task_json},
-                                  {"inputs", files},            {"chunk_records", o.chunk_records},
+  std::vector<std::string> file_names;  // as written to JSON (run.json, manifest)
+  for (const auto& f : files) file_names.push_back(escape_invalid_utf8(f));
+  nlohmann::ordered_json identity{{"model", escape_invalid_utf8(o.model)},
+                                  {"model_hash", model_hash(model, o.model)},
+                                  {"task_hash", th.hex()},
+                                  {"task", task_json},
+                                  {"inputs", file_names},
+                                  {"chunk_records", o.chunk_records},
                                   {"max_line_bytes", o.max_line_bytes}};
   if (world.active() && world.rank() != 0) world.barrier();  // rank 0 settles run.json first
   const std::string tag = std::to_string(shard) + "-of-" + std::to_string(shards);
@@ -298,12 +309,14 @@ RunSummary run_impl(const RunOptions& o, const MpiWorld& world) {
   m["complete"] = s.complete;
   m["chunks"] = {{"total", s.chunks_total}, {"done", s.chunks_done}, {"records_per_chunk", o.chunk_records}};
   m["parts"] = "part-*.jsonl (concatenate in name order)";
-  m["model"] = o.model;
+  m["model"] = escape_invalid_utf8(o.model);
   m["model_hash"] = identity["model_hash"];
   m["task_hash"] = identity["task_hash"];
   m["task"] = task_json;
-  m["inputs"] = files;
-  m["empty_inputs"] = plan.empty_files;
+  m["inputs"] = file_names;
+  nlohmann::ordered_json empty = nlohmann::ordered_json::array();
+  for (const auto& f : plan.empty_files) empty.push_back(escape_invalid_utf8(f));
+  m["empty_inputs"] = empty;
   m["shard"] = {{"index", shard}, {"count", shards}, {"mpi", world.active()}};
   m["precision"] = o.precision;
   m["batch"] = o.batch;
