@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "corelm/durable.h"
 #include "corelm/error.h"
 #include "corelm/tokenizer_corpus.h"
 #include "tokenizer/progress.h"
@@ -47,17 +48,13 @@ void parallel_for(size_t n, int threads, Fn fn) {
   if (error) std::rethrow_exception(error);
 }
 
+// The token file is written under a temp name beside OUTPUT and renamed into place only when
+// complete (AtomicWriter): an interrupted or failed run leaves the previous file, never a cut one.
 class TokenWriter {
  public:
-  TokenWriter(const std::string& path, int dtype_bytes) : path_(path), dtype_bytes_(dtype_bytes) {
-    file_ = std::fopen(path.c_str(), "wb");
-    CORELM_CHECK(file_ != nullptr, IOError, path, ": cannot create: ", std::strerror(errno));
-  }
-  ~TokenWriter() {
-    if (file_) std::fclose(file_);
-  }
+  TokenWriter(const std::string& path, int dtype_bytes) : file_(path), dtype_bytes_(dtype_bytes) {}
   void write(const std::vector<TokenId>& ids, size_t vocab_size) {
-    if (ids.empty()) return;  // (fwrite of an empty, possibly null buffer is undefined)
+    if (ids.empty()) return;
     buffer_.resize(ids.size() * dtype_bytes_);
     for (size_t i = 0; i < ids.size(); ++i) {
       uint32_t v = static_cast<uint32_t>(ids[i]);
@@ -68,21 +65,16 @@ class TokenWriter {
         std::memcpy(&buffer_[i * 4], &v, 4);
       }
     }
-    CORELM_CHECK(std::fwrite(buffer_.data(), 1, buffer_.size(), file_) == buffer_.size(), IOError, path_,
-                 ": write failed: ", std::strerror(errno));
+    file_.write(buffer_.data(), buffer_.size());
     count_ += ids.size();
     (void)vocab_size;
   }
-  void close() {
-    CORELM_CHECK(std::fclose(file_) == 0, IOError, path_, ": close failed: ", std::strerror(errno));
-    file_ = nullptr;
-  }
+  void close() { file_.commit(); }
   uint64_t count() const { return count_; }
 
  private:
-  std::string path_;
+  AtomicWriter file_;
   int dtype_bytes_;
-  std::FILE* file_ = nullptr;
   std::vector<char> buffer_;
   uint64_t count_ = 0;
 };
@@ -289,9 +281,7 @@ TokenFileStats tokenize_to_file(const Tokenizer& tok, const std::vector<std::str
   meta["tokenizer"] = tok.describe();
   if (tok.eos_id()) meta["eos_id"] = *tok.eos_id();
   if (tok.bos_id()) meta["bos_id"] = *tok.bos_id();
-  std::ofstream side(output + ".json");
-  side << meta.dump(1) << "\n";
-  CORELM_CHECK(side.good(), IOError, output, ".json: write failed");
+  write_file_atomic(output + ".json", meta.dump(1) + "\n");
   return stats;
 }
 
