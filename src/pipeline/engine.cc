@@ -80,8 +80,22 @@ Engine::~Engine() = default;
 void Engine::set_batch(int64_t batch) {
   CORELM_CHECK(batch >= 1, ValueError, "--batch must be at least 1, got ", batch);
   batch_ = batch;
-  const int64_t rows = spec_.kind == TaskKind::Classify ? batch * static_cast<int64_t>(label_tokens_.size()) : batch;
-  cache_ = std::make_unique<model::KVCache>(decoder_.config(), rows, ctx_ + kBucketStep);
+  cache_.reset();
+  // The cache starts small and grows to what the longest batch so far reaches (ensure_cache):
+  // sizing it by the model's whole context cost rows x context x layers of memory up front
+  // (gigabytes for a long-context model) whatever the documents' lengths.
+  ensure_cache(std::min<int64_t>(ctx_, 256) + kBucketStep);
+}
+
+void Engine::ensure_cache(int64_t positions) {
+  const int64_t limit = ctx_ + kBucketStep;
+  positions = std::min(positions, limit);
+  if (cache_ && cache_->capacity() >= positions) return;
+  const int64_t rows = spec_.kind == TaskKind::Classify ? batch_ * static_cast<int64_t>(label_tokens_.size()) : batch_;
+  // Grow geometrically so a corpus of slowly rising lengths reallocates only a few times.
+  const int64_t capacity = cache_ ? std::min(limit, std::max(positions, 2 * cache_->capacity())) : positions;
+  cache_.reset();
+  cache_ = std::make_unique<model::KVCache>(decoder_.config(), rows, capacity);
 }
 
 std::optional<PreparedDoc> Engine::prepare(const std::string& text, std::string& error) const {
@@ -194,8 +208,14 @@ void Engine::run_batch(const std::vector<PreparedDoc*>& docs) {
   if (docs.empty()) return;
   CORELM_CHECK(static_cast<int64_t>(docs.size()) <= batch_, ValueError, "Engine::run_batch: ", docs.size(),
                " documents for a batch of ", batch_);
-  for (PreparedDoc* d : docs)
+  int64_t need = 0;
+  for (PreparedDoc* d : docs) {
     CORELM_CHECK(bucket(*d) == bucket(*docs[0]), ValueError, "Engine::run_batch: documents of different buckets");
+    need = std::max(need, d->reuse + bucket(*d) + hold_back());
+  }
+  // Positions the rows reach: the padded prompt, then the label tokens or generated tokens.
+  need += (spec_.kind == TaskKind::Classify ? label_len_ : spec_.kind == TaskKind::Extract ? spec_.max_tokens : 0);
+  ensure_cache(need + kBucketStep);
   switch (spec_.kind) {
     case TaskKind::Classify: classify(docs); break;
     case TaskKind::Extract: extract(docs); break;

@@ -52,6 +52,7 @@ class Engine {
   // on_row_logits empty: the caller needs no logits from this call.
   void forward(const std::vector<std::vector<TokenId>>& ids, model::KVCache& cache, const std::vector<int64_t>& rows,
                const std::function<void(size_t, const float*)>& on_row_logits);
+  void ensure_cache(int64_t positions);  // (re)allocates the KV cache for at least `positions`
   void copy_kv(model::KVCache& src, int64_t src_row, int64_t dst_row, int64_t n);
   void start_rows(const std::vector<PreparedDoc*>& docs, const std::vector<int64_t>& rows);
   // Prefills each document into its row and hands over the logits of its last prompt token.
