@@ -157,6 +157,21 @@ TEST_F(ModelFaults, ConvertKilledAnywhereLeavesTheOldOrTheNewModelDirectory) {
     EXPECT_FALSE(e.path().filename().string().starts_with(".target.")) << e.path();
 }
 
+// Disk full (RLIMIT_FSIZE below the 1 MB model.safetensors): a clear error, the old folder intact,
+// no staging folder left behind.
+TEST_F(ModelFaults, ConvertOnAFullDiskKeepsTheOldModelDirectory) {
+  ScratchDir d("model_convert_full");
+  const std::string dir = model_dir(d);
+  const Snapshot before = snapshot(dir);
+  CliResult r = run_corelm({"convert", kBin, dir, "--tokenizer", kTok, "--dtype", "f16"},
+                           CliOptions{.timeout_s = 30, .fsize_limit = 300000});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
+  EXPECT_EQ(snapshot(dir), before);
+  for (const auto& e : fs::directory_iterator(d.path()))
+    EXPECT_FALSE(e.path().filename().string().starts_with(".m.")) << "left behind: " << e.path();
+}
+
 TEST_F(ModelFaults, ConvertRefusesToReplaceAFolderThatIsNotAModel) {
   ScratchDir d("model_convert_guard");
   fs::create_directories(d / "notes");
@@ -415,7 +430,7 @@ TEST_F(ModelFaults, DamagedSafetensorsAndGgufAreReportedInTheirOwnFormat) {
   const std::string dir = model_dir(d);
   // A .safetensors whose header length is garbage (config.json beside it).
   std::string st = slurp(fs::path(dir) / "model.safetensors");
-  std::memset(st.data(), 0xFF, 8);
+  std::memset(st.data(), 0xFF, 16);  // the length and the start of the JSON: no "{" at byte 8
   write_bytes(fs::path(dir) / "broken.safetensors", st);
   // A .gguf whose magic is damaged.
   CliResult r = run_corelm({"convert", dir, d / "m.gguf"}, CliOptions{.timeout_s = 30});
