@@ -546,7 +546,11 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
                  "needs config.json beside its weights)");
     raw.config = read_json(config_path.string());
     raw.config_source = config_path.string();
-    check_supported(raw.config, config_path.string());
+    try {
+      check_supported(raw.config, config_path.string());
+    } catch (const json::exception& e) {  // e.g. "max_position_embeddings": "big"
+      throw FormatError(config_path.string() + ": unexpected JSON value: " + e.what());
+    }
     if (ck.format == "safetensors") {
       // read above
     } else if (fs::exists(dir / "model.safetensors.index.json")) {
