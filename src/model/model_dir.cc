@@ -65,7 +65,9 @@ void remove_dead_writers_litter(const fs::path& target) {
 }
 
 std::unique_ptr<StagedDir> stage_model_dir(const std::string& target, const std::function<bool(const std::string&)>& keep) {
-  std::string dir = target;
+  // "out/", "." and "models/.." name a folder by a path whose last part is no name to stage
+  // beside: work on the normalized absolute path.
+  std::string dir = fs::absolute(target).lexically_normal().string();
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   check_replaceable_model_dir(dir);
   const fs::path parent = fs::path(dir).parent_path();
