@@ -46,12 +46,28 @@ struct ModelConfig {
   static ModelConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 
-  // Throws ValueError naming the field (e.g. heads not dividing hidden size).
+  // Upper bounds on the size fields (see validate_sizes).
+  static constexpr int64_t kMaxVocabSize = int64_t{1} << 22;
+  static constexpr int64_t kMaxHiddenSize = int64_t{1} << 16;
+  static constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;
+  static constexpr int64_t kMaxLayers = int64_t{1} << 12;
+  static constexpr int64_t kMaxHeads = int64_t{1} << 12;
+  static constexpr int64_t kMaxHeadDim = int64_t{1} << 12;
+  static constexpr int64_t kMaxPositions = int64_t{1} << 24;
+
+  // Throws ValueError naming the field (e.g. heads not dividing hidden size, bos/eos outside the
+  // vocabulary, a size above its limit).
   void validate() const;
+  // Only the size fields: each positive and at most its kMax* bound.
+  void validate_sizes() const;
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t num_parameters(bool include_embeddings = true) const;
 };
+
+// Every parameter a config defines, name and shape, in Decoder::named_parameters() order;
+// nothing is allocated, so a loader can check a file against it first. `config` must be valid.
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& config);
 
 // Per-layer key/value cache for incremental decoding: k/v of layer l are [B, Hkv, capacity, D] f32.
 // Each batch row has its own length, so rows with prompts of different lengths decode together.

@@ -72,7 +72,9 @@ struct SaveSummary {
   std::vector<std::string> warnings;
 };
 
-// Writes `ckpt` as `options.to` under `path` (a directory, or a .gguf file), atomically file by file.
+// Writes `ckpt` as `options.to` under `path`: a .gguf file replaced atomically, or a folder written
+// as a whole (staged beside `path`, swapped in by one rename; files that are not part of a model,
+// such as README.md, are kept; a non-empty folder holding no model file is refused with IOError).
 // ValueError for an unknown target or a dtype the target cannot hold.
 SaveSummary save_model(const Checkpoint& ckpt, const std::string& path, const SaveOptions& options = {});
 

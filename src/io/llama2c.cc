@@ -3,7 +3,10 @@
 // PyTorch's Linear), followed by the two legacy RoPE tables, then wcls when not shared.
 #include "corelm/llama2c.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -16,13 +19,36 @@ namespace corelm::io {
 
 namespace {
 
-std::string read_whole_file(const std::string& path) {
+// Size of a regular file. A FIFO or a device (/dev/zero) has no size to check a header against
+// and could be read until memory runs out, so it is refused before anything is read.
+uint64_t regular_file_size(const std::string& path) {
+  struct stat st {};
+  CORELM_CHECK(::stat(path.c_str(), &st) == 0, IOError, "llama2.c: cannot open '", path, "': ", std::strerror(errno));
+  CORELM_CHECK(S_ISREG(st.st_mode), IOError, "llama2.c: '", path,
+               "' is not a regular file (a FIFO, device or socket cannot be read as a checkpoint or tokenizer)");
+  return static_cast<uint64_t>(st.st_size);
+}
+
+// Reads exactly `size` bytes (what stat reported and the caller checked).
+std::string read_file_bytes(const std::string& path, uint64_t size) {
   std::ifstream in(path, std::ios::binary);
   CORELM_CHECK(in.good(), IOError, "llama2.c: cannot open '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  CORELM_CHECK(!in.bad(), IOError, "llama2.c: error reading '", path, "'");
-  return ss.str();
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  CORELM_CHECK(!in.bad() && static_cast<uint64_t>(in.gcount()) == size, IOError, "llama2.c: error reading '", path,
+               "' (", in.gcount(), " of ", size, " bytes; did it change while being read?)");
+  return bytes;
+}
+
+// tokenizer.bin files are at most a few MB (32K pieces); the bound refuses a huge file that is
+// not one before reading it whole.
+constexpr uint64_t kMaxTokenizerBytes = 1ull << 30;
+
+std::string read_whole_file(const std::string& path) {
+  const uint64_t size = regular_file_size(path);
+  CORELM_CHECK(size <= kMaxTokenizerBytes, FormatError, "llama2.c tokenizer '", path, "': ", size,
+               " bytes is more than a tokenizer.bin holds (limit ", kMaxTokenizerBytes, ")");
+  return read_file_bytes(path, size);
 }
 
 Llama2cHeader parse_header(const std::string& bytes, const std::string& path) {
@@ -71,6 +97,7 @@ Tensor unpermute_rope_rows(const Tensor& w, int64_t n_heads, int64_t head_dim) {
 }  // namespace
 
 Llama2cHeader read_llama2c_header(const std::string& path) {
+  regular_file_size(path);
   std::ifstream in(path, std::ios::binary);
   CORELM_CHECK(in.good(), IOError, "llama2.c: cannot open '", path, "'");
   std::string bytes(28, '\0');
@@ -80,9 +107,10 @@ Llama2cHeader read_llama2c_header(const std::string& path) {
 }
 
 Llama2cCheckpoint load_llama2c_checkpoint(const std::string& path) {
-  const std::string bytes = read_whole_file(path);
+  // The header first: the size it implies is checked against the file's before the weights are read.
+  const uint64_t file_size = regular_file_size(path);
   Llama2cCheckpoint ck;
-  const Llama2cHeader hd = ck.header = parse_header(bytes, path);
+  const Llama2cHeader hd = ck.header = read_llama2c_header(path);
   const int64_t dim = hd.dim, hidden = hd.hidden_dim, layers = hd.n_layers, vocab = hd.vocab_size;
   const int64_t head_dim = dim / hd.n_heads, q_dim = hd.n_heads * head_dim, kv_dim = hd.n_kv_heads * head_dim;
   const int64_t rope_tables = 2 * static_cast<int64_t>(hd.seq_len) * head_dim / 2;
@@ -91,10 +119,11 @@ Llama2cCheckpoint load_llama2c_checkpoint(const std::string& path) {
                                                           3 * dim * hidden) +
                                   dim + rope_tables + (hd.shared_classifier ? 0 : vocab * dim);
   const uint64_t expected_bytes = 28 + static_cast<uint64_t>(expected_floats) * 4;
-  CORELM_CHECK(bytes.size() == expected_bytes, FormatError, "llama2.c checkpoint '", path, "': ", bytes.size(),
+  CORELM_CHECK(file_size == expected_bytes, FormatError, "llama2.c checkpoint '", path, "': ", file_size,
                " bytes but its header {dim ", dim, ", hidden_dim ", hidden, ", n_layers ", layers, ", n_heads ",
                hd.n_heads, ", n_kv_heads ", hd.n_kv_heads, ", vocab_size ", vocab, ", seq_len ", hd.seq_len,
                (hd.shared_classifier ? ", shared classifier" : ", separate classifier"), "} needs ", expected_bytes);
+  const std::string bytes = read_file_bytes(path, file_size);
 
   size_t pos = 28;
   // One stacked block [layers, rows, cols] (layers = 0 for a single tensor).

@@ -1,4 +1,5 @@
 // ModelConfig: HF config.json <-> struct, validation, presets and parameter counts.
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -31,14 +32,19 @@ struct Reader {
   }
   int64_t integer_value(const std::string& field, const json& v) const {
     // JSON writers sometimes emit 64.0 for an integer; accept exact integral floats.
+    // The range test comes first: casting 1e30 (or NaN) to int64 is undefined, and a value past
+    // int64 must not wrap into a plausible one.
     if (v.is_number_float()) {
       double d = v.get<double>();
-      CORELM_CHECK(d == static_cast<double>(static_cast<int64_t>(d)), FormatError, where(field),
-                   " must be an integer, got ", v.dump());
+      CORELM_CHECK(std::isfinite(d) && std::fabs(d) < 0x1p62, FormatError, where(field), " = ", v.dump(),
+                   " is out of range");
+      CORELM_CHECK(d == std::trunc(d), FormatError, where(field), " must be an integer, got ", v.dump());
       return static_cast<int64_t>(d);
     }
     CORELM_CHECK(v.is_number_integer(), FormatError, where(field), " must be an integer, got ", type_of(v), " ",
                  v.dump());
+    CORELM_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() < (uint64_t{1} << 62), FormatError, where(field),
+                 " = ", v.dump(), " is out of range");
     return v.get<int64_t>();
   }
   double number_or(const std::string& field, double fallback) const {
@@ -60,12 +66,21 @@ struct Reader {
     CORELM_CHECK(v.is_string(), FormatError, where(field), " must be a string, got ", type_of(v), " ", v.dump());
     return v.get<std::string>();
   }
-  // bos/eos ids: an integer, null, or (Llama 3 style) a list whose first entry is used.
-  int64_t token_id(const std::string& field) const {
+  // bos/eos ids: an integer, null, or (Llama 3 style) a list whose first entry is used; every
+  // listed id must be a token of the vocabulary (the generator compares them with 32-bit ids).
+  int64_t token_id(const std::string& field, int64_t vocab_size) const {
     if (!has(field)) return -1;
     const json& v = j.at(field);
-    if (v.is_array()) return v.empty() ? -1 : integer_value(field, v.at(0));
-    return integer_value(field, v);
+    std::vector<int64_t> ids;
+    if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i) ids.push_back(integer_value(field + "[" + std::to_string(i) + "]", v[i]));
+    } else {
+      ids.push_back(integer_value(field, v));
+    }
+    for (int64_t id : ids)
+      CORELM_CHECK(id >= 0 && id < vocab_size, FormatError, where(field), " = ", id,
+                   " is not a token id of the vocabulary (0..", vocab_size - 1, ")");
+    return ids.empty() ? -1 : ids.front();
   }
 };
 
@@ -102,8 +117,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.attention_bias = type == "qwen2" ? true : r.boolean_or("attention_bias", false);
   c.torch_dtype = r.string_or("torch_dtype", "float32");
   c.initializer_range = r.number_or("initializer_range", 0.02);
-  c.bos_token_id = r.token_id("bos_token_id");
-  c.eos_token_id = r.token_id("eos_token_id");
+  // Sizes are bounded before anything derived from them (head_dim, the ids below) is computed.
+  try {
+    c.validate_sizes();
+  } catch (const ValueError& e) {
+    throw ValueError(source + ": " + e.what());
+  }
+  c.bos_token_id = r.token_id("bos_token_id", c.vocab_size);
+  c.eos_token_id = r.token_id("eos_token_id", c.vocab_size);
 
   // Features the decoder does not implement: refuse rather than silently compute something else.
   std::string act = r.string_or("hidden_act", "silu");
@@ -183,26 +204,34 @@ json ModelConfig::to_json() const {
 
 void ModelConfig::save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
 
-void ModelConfig::validate() const {
-  auto positive = [](int64_t v, const char* field) {
-    CORELM_CHECK(v > 0, ValueError, "model config: ", field, " must be positive, got ", v);
+void ModelConfig::validate_sizes() const {
+  // Bounds far above every published Llama/Qwen2 model (vocabularies up to ~256K, hidden 16K,
+  // FFN 53K, 126 layers, 128 heads, contexts of 10M), yet low enough that no product of them
+  // overflows int64 and that a typo such as 100000 layers is refused before any allocation.
+  auto in_range = [](int64_t v, const char* field, int64_t hi) {
+    CORELM_CHECK(v > 0, ValueError, "model config: field '", field, "' must be positive, got ", v);
+    CORELM_CHECK(v <= hi, ValueError, "model config: field '", field, "' = ", v, " is above the limit of ", hi);
   };
+  in_range(vocab_size, "vocab_size", kMaxVocabSize);
+  in_range(hidden_size, "hidden_size", kMaxHiddenSize);
+  in_range(intermediate_size, "intermediate_size", kMaxIntermediateSize);
+  in_range(num_hidden_layers, "num_hidden_layers", kMaxLayers);
+  in_range(num_attention_heads, "num_attention_heads", kMaxHeads);
+  in_range(num_key_value_heads, "num_key_value_heads", kMaxHeads);
+  in_range(max_position_embeddings, "max_position_embeddings", kMaxPositions);
+  if (head_dim != 0) in_range(head_dim, "head_dim", kMaxHeadDim);
+}
+
+void ModelConfig::validate() const {
   CORELM_CHECK(model_type == "llama" || model_type == "qwen2", ValueError, "model config: model_type '", model_type,
                "' is not supported (llama, qwen2)");
-  positive(vocab_size, "vocab_size");
-  positive(hidden_size, "hidden_size");
-  positive(intermediate_size, "intermediate_size");
-  positive(num_hidden_layers, "num_hidden_layers");
-  positive(num_attention_heads, "num_attention_heads");
-  positive(num_key_value_heads, "num_key_value_heads");
-  positive(max_position_embeddings, "max_position_embeddings");
-  CORELM_CHECK(vocab_size <= (int64_t{1} << 31) - 1, ValueError, "model config: vocab_size ", vocab_size,
-               " does not fit 32-bit token ids");
+  validate_sizes();
+  for (auto [id, field] : {std::pair{bos_token_id, "bos_token_id"}, std::pair{eos_token_id, "eos_token_id"}})
+    CORELM_CHECK(id >= -1 && id < vocab_size, ValueError, "model config: field '", field, "' = ", id,
+                 " is not a token id of the vocabulary (0..", vocab_size - 1, ")");
   if (head_dim == 0) {
     CORELM_CHECK(hidden_size % num_attention_heads == 0, ValueError, "model config: num_attention_heads (",
                  num_attention_heads, ") does not divide hidden_size (", hidden_size, ")");
-  } else {
-    CORELM_CHECK(head_dim > 0, ValueError, "model config: head_dim must be positive, got ", head_dim);
   }
   const int64_t d = head_dim == 0 ? hidden_size / num_attention_heads : head_dim;
   CORELM_CHECK(d % 2 == 0, ValueError, "model config: head_dim ", d, " must be even for rotary embeddings");

@@ -31,24 +31,18 @@ void check_ids(const Tensor& ids, const char* fn) {
 
 }  // namespace
 
-Decoder::Decoder(ModelConfig config) : config_(std::move(config)) {
-  if (config_.head_dim == 0) {
-    config_.validate();  // names the failing field, e.g. heads not dividing hidden_size
-    config_.head_dim = config_.hidden_size / config_.num_attention_heads;
-  }
-  config_.validate();
-  const int64_t H = config_.hidden_size, I = config_.intermediate_size, V = config_.vocab_size;
-  const int64_t Q = config_.q_dim(), KV = config_.kv_dim();
-  const bool bias = config_.attention_bias;
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& config) {
+  const int64_t D = config.head_dim == 0 ? config.hidden_size / config.num_attention_heads : config.head_dim;
+  const int64_t H = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
+  const int64_t Q = config.num_attention_heads * D, KV = config.num_key_value_heads * D;
+  const bool bias = config.attention_bias;
   // Llama's attention_bias also puts a bias on o_proj; Qwen2 biases only q/k/v.
-  const bool o_bias = bias && config_.model_type == "llama";
-  auto add = [&](const std::string& name, const Shape& shape) {
-    index_[name] = params_.size();
-    params_.emplace_back(name, Tensor::zeros(shape));
-  };
+  const bool o_bias = bias && config.model_type == "llama";
+  std::vector<std::pair<std::string, Shape>> out;
+  auto add = [&](std::string name, Shape shape) { out.emplace_back(std::move(name), std::move(shape)); };
   // Same order as HF's named_parameters(): attention, mlp, then the two norms of each layer.
   add("model.embed_tokens.weight", {V, H});
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
     add(p + "self_attn.q_proj.weight", {Q, H});
     if (bias) add(p + "self_attn.q_proj.bias", {Q});
@@ -65,7 +59,20 @@ Decoder::Decoder(ModelConfig config) : config_(std::move(config)) {
     add(p + "post_attention_layernorm.weight", {H});
   }
   add("model.norm.weight", {H});
-  if (!config_.tie_word_embeddings) add("lm_head.weight", {V, H});
+  if (!config.tie_word_embeddings) add("lm_head.weight", {V, H});
+  return out;
+}
+
+Decoder::Decoder(ModelConfig config) : config_(std::move(config)) {
+  if (config_.head_dim == 0) {
+    config_.validate();  // names the failing field, e.g. heads not dividing hidden_size
+    config_.head_dim = config_.hidden_size / config_.num_attention_heads;
+  }
+  config_.validate();
+  for (auto& [name, shape] : parameter_shapes(config_)) {
+    index_[name] = params_.size();
+    params_.emplace_back(name, Tensor::zeros(shape));
+  }
   for (auto& [name, t] : params_)
     if (ends_with(name, "norm.weight")) t.fill_(1.0);
 }

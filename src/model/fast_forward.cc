@@ -119,13 +119,9 @@ FastWeights pack_fast_weights(const Decoder& d, Precision precision) {
   w.final_norm = copy_of(d, "model.norm.weight", H);
   w.lm_head = pack_lm_head(d, d.lm_head_weight_name(), H, precision);
   w.embed = tensor_of(d, "model.embed_tokens.weight");
-  // Caches may be longer than max_position_embeddings (the reference path allows it too). The
-  // table is bounded, though: a context of 2^31-1 is a config value, not positions anyone
-  // reaches, and its table alone would be 2^31 x head_dim floats. 2^17 covers the 128K contexts
-  // of today's models; a position past it is a clear error of fused_rope_inplace.
-  constexpr int64_t kMaxRopeTablePositions = int64_t{1} << 17;
-  w.rope = kernels::RopeTable(c.head_dim, std::clamp<int64_t>(c.max_position_embeddings, 8192, kMaxRopeTablePositions),
-                              static_cast<float>(c.rope_theta));
+  // Caches may be longer than max_position_embeddings (the reference path allows it too): the
+  // table grows with the positions used.
+  w.rope = std::make_unique<RopeTables>(c.head_dim, static_cast<float>(c.rope_theta));
   return w;
 }
 
@@ -177,6 +173,17 @@ void fast_lm_head_argmax(const FastWeights& w, const float* hidden, int64_t n, i
   }
 }
 
+std::shared_ptr<const kernels::RopeTable> RopeTables::at_least(int64_t positions) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!table_ || table_->max_positions < positions) {
+    // Doubling keeps a decode that advances one position per step from rebuilding each step.
+    const int64_t have = table_ ? table_->max_positions : 0;
+    const int64_t n = std::max<int64_t>({positions, 2 * have, 8192});
+    table_ = std::make_shared<const kernels::RopeTable>(head_dim_, n, theta_);
+  }
+  return table_;
+}
+
 Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Tensor& ids, KVCache& cache,
                            const std::vector<int64_t>& rows, const std::vector<int64_t>& start, Logits logits) {
   const int64_t B = ids.size(0), T = ids.size(1), N = B * T;
@@ -201,6 +208,9 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
     std::memcpy(x + i * H, embed + id * H, static_cast<size_t>(H) * sizeof(float));
   }
 
+  int64_t end = 0;  // one past the last position this call writes
+  for (int64_t b = 0; b < B; ++b) end = std::max(end, start[static_cast<size_t>(b)] + T);
+  const std::shared_ptr<const kernels::RopeTable> rope = w.rope->at_least(end);
   const kernels::CachedAttention shape{Hq, Hkv, D, cap, 1.0f / std::sqrt(static_cast<float>(D))};
   const float eps = static_cast<float>(c.rms_norm_eps);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -212,8 +222,8 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
     for (int64_t i = 0; i < N; ++i) {
       const int64_t b = i / T, pos = start[static_cast<size_t>(b)] + i % T;
       float* row = qkv + i * QKV;
-      kernels::fused_rope_inplace(row, Hq, w.rope, pos);
-      kernels::fused_rope_inplace(row + Q, Hkv, w.rope, pos);
+      kernels::fused_rope_inplace(row, Hq, *rope, pos);
+      kernels::fused_rope_inplace(row + Q, Hkv, *rope, pos);
       const int64_t r = rows[static_cast<size_t>(b)];
       for (int64_t g = 0; g < Hkv; ++g) {
         const int64_t at = ((r * Hkv + g) * cap + pos) * D;

@@ -3,6 +3,8 @@
 // the fused kernels of kernels/cpu/fused.h. Internal to the model component.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "corelm/model.h"
@@ -38,6 +40,23 @@ struct FastLayer {
 
 inline constexpr int64_t kLmHeadBlock = 4096;
 
+// RoPE cos/sin rows for positions [0, n), grown on demand to the positions a forward reaches.
+// Sized by use, not by max_position_embeddings: a config claiming a 16M context would otherwise
+// cost gigabytes and minutes of trigonometry before the first token. Entries do not depend on
+// the table size, so growing never changes a result. Safe to share between threads.
+class RopeTables {
+ public:
+  RopeTables(int64_t head_dim, float theta) : head_dim_(head_dim), theta_(theta) {}
+  // A table covering positions [0, positions); the caller keeps the pointer for its forward.
+  std::shared_ptr<const kernels::RopeTable> at_least(int64_t positions) const;
+
+ private:
+  int64_t head_dim_;
+  float theta_;
+  mutable std::mutex mu_;
+  mutable std::shared_ptr<const kernels::RopeTable> table_;
+};
+
 struct FastWeights {
   std::vector<FastLayer> layers;
   std::vector<float> final_norm;
@@ -46,7 +65,7 @@ struct FastWeights {
   // fused argmax sees bitwise the logits fast_lm_head returns.
   std::vector<FastLinear> lm_head;
   Tensor embed;                   // the fp32 embedding parameter (shared, not copied)
-  kernels::RopeTable rope;
+  std::unique_ptr<RopeTables> rope;
 };
 
 // Packs for `precision` (BF16 or Int8; ValueError for F32, which has no fast path).

@@ -2,6 +2,14 @@
 // one strict (or lenient) assembly into a Decoder. See model_loader.h.
 #include "corelm/model_loader.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,16 +27,96 @@ namespace corelm::model {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace detail {
+
+namespace {
+
+constexpr size_t kFiniteBlock = 4096;
+
+// Non-zero when one of the kFiniteBlock floats at p has an all-ones exponent (NaN or inf). The
+// constant trip count and the branch-free body let the compiler vectorize it even at -O2.
+uint32_t block_has_non_finite(const float* p) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t bad = 0;
+  for (size_t j = 0; j < kFiniteBlock; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, p + j, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+  }
+  return bad;
+}
+
+// The same test fused into a copy of one block (one read of the source, one write).
+uint32_t copy_block_has_non_finite(const float* src, float* dst) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t bad = 0;
+  for (size_t j = 0; j < kFiniteBlock; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, src + j, sizeof bits);
+    std::memcpy(dst + j, &bits, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+  }
+  return bad;
+}
+
+}  // namespace
+
+size_t first_non_finite(const float* p, size_t n) {
+  for (size_t i = 0; i < n; i += kFiniteBlock) {
+    const size_t end = std::min(n, i + kFiniteBlock);
+    if (end - i == kFiniteBlock && !block_has_non_finite(p + i)) continue;
+    for (size_t j = i; j < end; ++j)
+      if (!std::isfinite(p[j])) return j;
+  }
+  return n;
+}
+
+size_t copy_checking_finite(const float* src, float* dst, size_t n) {
+  // One pass: each value is tested as it is copied (no second read of the parameter).
+  for (size_t i = 0; i < n; i += kFiniteBlock) {
+    const size_t len = std::min(n - i, kFiniteBlock);
+    if (len == kFiniteBlock) {
+      if (!copy_block_has_non_finite(src + i, dst + i)) continue;
+    } else {
+      std::memcpy(dst + i, src + i, len * sizeof(float));
+    }
+    const size_t bad = first_non_finite(dst + i, len);
+    if (bad != len) return i + bad;
+  }
+  return n;
+}
+
+}  // namespace detail
+
 namespace {
 
 struct RawCheckpoint {
-  std::string source;  // what error messages name: the index.json, the .safetensors, the .gguf, the .bin
+  std::string source;         // what tensor errors name: the index.json, the .safetensors, the .gguf, the .bin
+  std::string config_source;  // what config errors name: config.json, or the .gguf / .bin holding the header
   json config;
   std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, std::string> file_of;  // tensor -> the shard holding it (sharded folders)
   std::vector<io::SafetensorsFile> keep_open;  // zero-copy views point into these mappings
 };
 
+// Refuses a FIFO, device or socket (reading one could block forever or never end) and files
+// above `max_bytes`; returns the size.
+uint64_t regular_file_size(const std::string& path, uint64_t max_bytes = ~uint64_t{0}) {
+  struct stat st {};
+  CORELM_CHECK(::stat(path.c_str(), &st) == 0, IOError, path, ": cannot open: ", std::strerror(errno));
+  CORELM_CHECK(S_ISREG(st.st_mode), IOError, path, ": not a regular file (a FIFO, device or socket cannot be read ",
+               "as a model file)");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  CORELM_CHECK(size <= max_bytes, FormatError, path, ": ", size, " bytes is more than the ", max_bytes,
+               " a file of this kind may hold");
+  return size;
+}
+
+// config.json, generation_config.json, model.safetensors.index.json: a few KB to a few MB.
+constexpr uint64_t kMaxJsonBytes = 64ull << 20;
+
 json read_json(const std::string& path) {
+  regular_file_size(path, kMaxJsonBytes);
   std::ifstream in(path, std::ios::binary);
   CORELM_CHECK(in.good(), IOError, path, ": cannot open");
   std::stringstream ss;
@@ -121,6 +209,7 @@ void read_sharded(const fs::path& dir, RawCheckpoint& raw) {
       CORELM_CHECK(f.contains(n), FormatError, index_path, ": tensor '", n, "' is mapped to shard '", shard,
                    "', which does not hold it");
       raw.tensors.emplace_back(n, f.get(n));
+      raw.file_of[n] = shard_path.string();
     }
   }
   // Tensors present in a shard but absent from weight_map: transformers ignores them, and so
@@ -137,13 +226,36 @@ void read_safetensors(const std::string& path, RawCheckpoint& raw) {
   for (const std::string& n : raw.keep_open.back().names()) raw.tensors.emplace_back(n, raw.keep_open.back().get(n));
 }
 
-std::vector<int64_t> id_list(const json& v) {
+// A token id field (an integer, null, or a list of integers) of `source`: each entry a whole
+// number in [0, 2^31) -- checked before any narrowing, so 1e12 is an error naming the key, not
+// a wrapped id. The vocabulary bound is checked once the config is known (check_id_range).
+std::vector<int64_t> id_list(const json& v, const std::string& source, const std::string& key) {
   std::vector<int64_t> out;
-  if (v.is_number_integer()) out.push_back(v.get<int64_t>());
-  if (v.is_array())
-    for (const auto& e : v)
-      if (e.is_number_integer()) out.push_back(e.get<int64_t>());
+  auto one = [&](const json& e, const std::string& where) {
+    bool whole = e.is_number_integer();
+    double d = whole ? 0.0 : e.is_number_float() ? e.get<double>() : -1.0;
+    if (!whole && e.is_number_float() && std::isfinite(d) && d == std::trunc(d) && d >= 0 && d < 2147483648.0) whole = true;
+    CORELM_CHECK(whole, FormatError, source, ": field '", where, "' must be a token id (an integer), got ", e.dump());
+    const bool in_range = e.is_number_float() ? true
+                          : e.is_number_unsigned() ? e.get<uint64_t>() < (uint64_t{1} << 31)
+                                                   : e.get<int64_t>() >= 0 && e.get<int64_t>() < (int64_t{1} << 31);
+    CORELM_CHECK(in_range, FormatError, source, ": field '", where, "' = ", e.dump(), " is not a token id (0..2147483647)");
+    out.push_back(e.is_number_float() ? static_cast<int64_t>(d) : e.get<int64_t>());
+  };
+  if (v.is_null()) return out;
+  if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i) one(v[i], key + "[" + std::to_string(i) + "]");
+  } else {
+    one(v, key);
+  }
   return out;
+}
+
+void check_id_range(const std::vector<int64_t>& ids, int64_t vocab_size, const std::string& source,
+                    const std::string& key) {
+  for (int64_t id : ids)
+    CORELM_CHECK(id >= 0 && id < vocab_size, FormatError, source, ": field '", key, "' = ", id,
+                 " is not a token id of the model's vocabulary (0..", vocab_size - 1, ")");
 }
 
 std::vector<io::GGUFValue> string_values(const std::vector<std::string>& v) {
@@ -190,10 +302,17 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const io::GGUFFile& f, TokenizerSource
     if (k.starts_with("tokenizer.ggml.") || k.starts_with("corelm.tokenizer.")) src.gguf_metadata.emplace_back(k, v);
   // The typed accessors name the file and key (and expected vs actual type) on a mismatch.
   std::vector<std::string> pieces = tokens->as_array(io::GGUFType::String).strings();
+  const auto n_pieces = static_cast<int64_t>(pieces.size());  // pieces is moved below
   auto id_of = [&](const char* key) -> std::optional<TokenId> {
     const io::GGUFValue* v = f.find(key);
     if (!v) return std::nullopt;
-    return static_cast<TokenId>(v->as_int(0, std::numeric_limits<TokenId>::max()));
+    const int64_t id = v->as_int();
+    // Checked before narrowing to a 32-bit id. Some converters write a padding id past the
+    // vocabulary; it pads nothing, so it is dropped, but a bos/eos outside it is an error.
+    if ((id < 0 || id >= n_pieces) && std::string_view(key) == "tokenizer.ggml.padding_token_id") return std::nullopt;
+    CORELM_CHECK(id >= 0 && id < n_pieces, FormatError, w, ": ", key, " = ", id,
+                 " is not a token id of its vocabulary (0..", n_pieces - 1, ")");
+    return static_cast<TokenId>(id);
   };
   auto flag = [&](const char* key, bool dflt) {
     const io::GGUFValue* v = f.find(key);
@@ -231,18 +350,72 @@ void round_to(const std::string& dtype, Tensor& t) {
   if (dtype == "f16") t = t.to(DType::F16).to(DType::F32);
 }
 
-// Builds the decoder from a raw checkpoint: strict or lenient name matching, shapes always checked.
-Decoder assemble(RawCheckpoint& raw, const LoadOptions& o, std::vector<std::string>& warnings) {
-  ModelConfig config = ModelConfig::from_json(raw.config, raw.source);
-  Decoder decoder(config);
+// The config fields a dimension of a parameter's shape comes from, for mismatch errors.
+std::string fields_giving(const ModelConfig& c, int64_t dim) {
+  std::string out;
+  auto add = [&](bool match, const std::string& what, int64_t v) {
+    if (match) out += (out.empty() ? "" : " or ") + what + " = " + std::to_string(v);
+  };
+  add(dim == c.vocab_size, "'vocab_size'", c.vocab_size);
+  add(dim == c.hidden_size, "'hidden_size'", c.hidden_size);
+  add(dim == c.intermediate_size, "'intermediate_size'", c.intermediate_size);
+  add(dim == c.q_dim(), "'num_attention_heads' x 'head_dim'", c.q_dim());
+  add(dim == c.kv_dim() && c.kv_dim() != c.q_dim(), "'num_key_value_heads' x 'head_dim'", c.kv_dim());
+  return out;
+}
+
+// Layer index of "model.layers.N.<...>", or -1.
+int64_t layer_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return -1;
+  int64_t n = 0;
+  size_t i = prefix.size();
+  if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return -1;
+  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i) {
+    n = n * 10 + (name[i] - '0');
+    if (n > (int64_t{1} << 40)) return -1;
+  }
+  return i < name.size() && name[i] == '.' ? n : -1;
+}
+
+std::string element_str(const Shape& shape, size_t flat) {
+  std::vector<int64_t> idx(shape.size());
+  auto rest = static_cast<int64_t>(flat);
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = shape[d] ? rest % shape[d] : 0;
+    rest = shape[d] ? rest / shape[d] : 0;
+  }
+  std::string out = "[";
+  for (size_t d = 0; d < idx.size(); ++d) out += (d ? ", " : "") + std::to_string(idx[d]);
+  return out + "]";
+}
+
+// The config checked against the file's tensors -- names, layer count and every shape -- before
+// the decoder allocates a byte: a config.json that says 100000 layers or a 16M vocabulary over
+// a 1 MB file is an error naming the field, not gigabytes of zeros.
+std::map<std::string, const Tensor*> match_tensors(const ModelConfig& config, const RawCheckpoint& raw,
+                                                   const LoadOptions& o, std::vector<std::string>& warnings) {
+  const auto expected = parameter_shapes(config);
+  std::map<std::string, const Shape*> want;
+  for (const auto& [name, shape] : expected) want[name] = &shape;
+  int64_t file_layers = 0;
+  for (const auto& [name, t] : raw.tensors) file_layers = std::max(file_layers, layer_of(name) + 1);
+  // In both modes: --no-strict tolerates a missing tensor, not layers the file never had (their
+  // initialisation would be all the model there is, at whatever size the config asks).
+  CORELM_CHECK(file_layers == config.num_hidden_layers, FormatError, raw.config_source, ": field 'num_hidden_layers' = ",
+               config.num_hidden_layers, ", but ", raw.source,
+               file_layers == 0 ? std::string(" holds no model.layers.* tensors")
+                                : " holds " + std::to_string(file_layers) + " layers (model.layers.0 .. model.layers." +
+                                      std::to_string(file_layers - 1) + ")");
+
   std::map<std::string, const Tensor*> given;
   std::vector<std::string> unexpected, missing;
   for (const auto& [name, t] : raw.tensors) {
     if (name.ends_with("rotary_emb.inv_freq")) continue;  // HF's RoPE buffer, recomputed
-    if (decoder.has_parameter(name)) given[name] = &t;
+    if (want.count(name)) given[name] = &t;
     else if (!(name == "lm_head.weight" && config.tie_word_embeddings)) unexpected.push_back(name);
   }
-  for (const auto& [name, p] : decoder.named_parameters())
+  for (const auto& [name, shape] : expected)
     if (!given.count(name)) missing.push_back(name);
   if (!missing.empty() || !unexpected.empty()) {
     std::string what;
@@ -250,29 +423,89 @@ Decoder assemble(RawCheckpoint& raw, const LoadOptions& o, std::vector<std::stri
     if (!unexpected.empty()) what += std::string(what.empty() ? "" : "; ") + "unexpected: " + join(unexpected);
     CORELM_CHECK(!o.strict, FormatError, raw.source, ": ", what, " (strict mode; --no-strict loads anyway)");
     warnings.push_back(raw.source + ": " + what + " (non-strict: missing keep their initialisation, unexpected are ignored)");
-    if (!missing.empty()) decoder.init_weights(0);
   }
   for (const auto& [name, t] : given) {
-    const Tensor& param = decoder.parameter(name);
-    CORELM_CHECK(t->shape() == param.shape(), FormatError, raw.source, ": tensor '", name, "' has shape ",
-                 shape_str(t->shape()), ", the config needs ", shape_str(param.shape()));
-    Tensor v = *t;
-    round_to(o.dtype, v);
-    decoder.load_parameter(name, v);
+    const Shape& need = *want.at(name);
+    if (t->shape() == need) continue;
+    std::string because;
+    for (size_t d = 0; d < need.size(); ++d)
+      if (d >= t->shape().size() || t->shape()[d] != need[d]) {
+        because = fields_giving(config, need[d]);
+        break;
+      }
+    auto file = raw.file_of.find(name);
+    const std::string weights = file == raw.file_of.end() ? raw.source : file->second;
+    // When a config field explains the difference the config is the likelier culprit (the
+    // weights' shapes agree with each other): the error leads with it.
+    if (!because.empty() && raw.config_source != weights)
+      throw FormatError(raw.config_source + ": field " + because + " does not fit the weights: " + weights +
+                        " holds tensor '" + name + "' with shape " + shape_str(t->shape()) + ", the config needs " +
+                        shape_str(need));
+    throw FormatError(weights + ": tensor '" + name + "' has shape " + shape_str(t->shape()) + ", but " +
+                      raw.config_source + " needs " + shape_str(need) + (because.empty() ? "" : " (" + because + ")"));
+  }
+  return given;
+}
+
+// Builds the decoder from a raw checkpoint: strict or lenient name matching, shapes always checked
+// first, then every weight is copied in and checked to be finite.
+Decoder assemble(RawCheckpoint& raw, const LoadOptions& o, std::vector<std::string>& warnings) {
+  const ModelConfig config = ModelConfig::from_json(raw.config, raw.config_source);
+  const std::map<std::string, const Tensor*> given = match_tensors(config, raw, o, warnings);
+  Decoder decoder(config);
+  if (given.size() < decoder.named_parameters().size()) decoder.init_weights(0);  // non-strict, tensors missing
+  for (const auto& [name, t] : given) {
+    // A NaN weight does not fail anywhere later: it generates token 0 forever, gives a null
+    // perplexity, labels every record alike -- all with exit code 0. So it is refused here.
+    Tensor& p = decoder.parameter(name);
+    const size_t n = static_cast<size_t>(p.numel());
+    size_t bad;
+    if (o.dtype == "f32" && t->dtype() == DType::F32 && t->is_contiguous() && p.is_contiguous()) {
+      bad = detail::copy_checking_finite(t->data<float>(), p.data<float>(), n);  // the usual case: one pass
+    } else {
+      Tensor v = *t;
+      round_to(o.dtype, v);
+      decoder.load_parameter(name, v);
+      bad = detail::first_non_finite(p.data<float>(), n);
+    }
+    if (bad == n) continue;
+    const float x = p.data<float>()[bad];
+    auto file = raw.file_of.find(name);
+    const bool by_rounding = o.dtype != "f32" && t->dtype() == DType::F32 && std::isfinite(t->contiguous().data<float>()[bad]);
+    throw FormatError((file == raw.file_of.end() ? raw.source : file->second) + ": tensor '" + name + "' holds " +
+                      (std::isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf") + " at element " + element_str(p.shape(), bad) +
+                      " (flat index " + std::to_string(bad) + ")" +
+                      (by_rounding ? " after rounding to " + o.dtype + " (the value is out of its range)"
+                                   : "; a checkpoint with non-finite weights (e.g. saved by a diverged training run) "
+                                     "cannot compute anything meaningful"));
   }
   return decoder;
 }
 
 }  // namespace
 
+
 std::string detect_checkpoint_format(const std::string& path) {
   if (fs::is_directory(path)) return "model-dir";
-  std::ifstream in(path, std::ios::binary);
-  CORELM_CHECK(in.good(), IOError, path, ": cannot open (expected a model directory, .gguf, .safetensors or llama2.c .bin)");
+  struct stat st {};
+  CORELM_CHECK(::stat(path.c_str(), &st) == 0, IOError, path, ": cannot open (", std::strerror(errno),
+               "; expected a model directory, .gguf, .safetensors or llama2.c .bin)");
+  // A FIFO or device would block the open below, or feed the llama2.c reader without end.
+  CORELM_CHECK(S_ISREG(st.st_mode), IOError, path, ": not a regular file (a FIFO, device or socket cannot be read ",
+               "as a model; expected a model directory, .gguf, .safetensors or llama2.c .bin)");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  CORELM_CHECK(fd >= 0, IOError, path, ": cannot open: ", std::strerror(errno));
   char head[9] = {};
-  in.read(head, 9);
-  if (in.gcount() >= 4 && std::memcmp(head, "GGUF", 4) == 0) return "gguf";
-  if (in.gcount() == 9 && head[8] == '{') return "safetensors";
+  const ssize_t got = ::pread(fd, head, sizeof head, 0);
+  ::close(fd);
+  const std::string ext = fs::path(path).extension().string();
+  // The magic decides; failing that, the extension names the format whose reader then reports
+  // the damage (a .safetensors with a broken header is a safetensors error, not a llama2.c one).
+  if (got >= 4 && std::memcmp(head, "GGUF", 4) == 0) return "gguf";
+  if (got == 9 && head[8] == '{') return "safetensors";
+  if (ext == ".gguf") return "gguf";
+  if (ext == ".safetensors") return "safetensors";
+  CORELM_CHECK(ext != ".json", FormatError, path, ": a JSON file is not a model; give the model directory holding it");
   return "llama2c";  // no magic of its own: its header is validated when read
 }
 
@@ -301,18 +534,28 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
   RawCheckpoint raw;
   std::unique_ptr<Tokenizer> tokenizer;
   std::string tokenizer_dir;  // where a directory-style checkpoint looks for its tokenizer
+  std::string gen_source;     // generation_config.json when there is one
   int64_t vocab_size = 0;
 
   if (ck.format == "model-dir" || ck.format == "safetensors") {
     const fs::path dir = ck.format == "model-dir" ? fs::path(path) : fs::path(path).parent_path();
     const fs::path config_path = dir / "config.json";
+    // A single file is opened first, so a damaged one is reported as such before a missing config.
+    if (ck.format == "safetensors") read_safetensors(path, raw);
     CORELM_CHECK(fs::exists(config_path), IOError, config_path.string(), ": missing (a Hugging Face / corelm model ",
                  "needs config.json beside its weights)");
     raw.config = read_json(config_path.string());
-    check_supported(raw.config, config_path.string());
-    if (ck.format == "safetensors") read_safetensors(path, raw);
-    else if (fs::exists(dir / "model.safetensors.index.json")) read_sharded(dir, raw);
-    else {
+    raw.config_source = config_path.string();
+    try {
+      check_supported(raw.config, config_path.string());
+    } catch (const json::exception& e) {  // e.g. "max_position_embeddings": "big"
+      throw FormatError(config_path.string() + ": unexpected JSON value: " + e.what());
+    }
+    if (ck.format == "safetensors") {
+      // read above
+    } else if (fs::exists(dir / "model.safetensors.index.json")) {
+      read_sharded(dir, raw);
+    } else {
       CORELM_CHECK(fs::exists(dir / "model.safetensors"), IOError, path, ": no model.safetensors or ",
                    "model.safetensors.index.json (pytorch_model.bin checkpoints are not supported: convert them to "
                    "safetensors)");
@@ -320,37 +563,54 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
     }
     const fs::path gen = dir / "generation_config.json";
     if (fs::exists(gen)) {
+      gen_source = gen.string();
       json g = read_json(gen.string());
       if (g.is_object() && g.contains("eos_token_id")) {
-        ck.eos_ids = id_list(g["eos_token_id"]);
+        ck.eos_ids = id_list(g["eos_token_id"], gen_source, "eos_token_id");
         // The generator stops on the config's eos id: take generation_config's first when config.json has none.
         if (!ck.eos_ids.empty() && (!raw.config.contains("eos_token_id") || raw.config["eos_token_id"].is_null()))
           raw.config["eos_token_id"] = ck.eos_ids.front();
       }
-      if (g.is_object() && g.contains("bos_token_id") && g["bos_token_id"].is_number_integer())
-        ck.bos_id = g["bos_token_id"].get<int64_t>();
+      if (g.is_object() && g.contains("bos_token_id")) {
+        auto b = id_list(g["bos_token_id"], gen_source, "bos_token_id");
+        if (!b.empty()) ck.bos_id = b.front();
+      }
     }
     tokenizer_dir = dir.string();
   } else if (ck.format == "gguf") {
     io::GGUFModel g = io::load_gguf_model(path);
-    raw.source = path;
+    raw.source = raw.config_source = path;
     raw.config = std::move(g.config);
     raw.tensors = std::move(g.tensors);
     if (o.tokenizer_path.empty()) tokenizer = gguf_tokenizer(io::GGUFFile::open(path), ck.tokenizer_source);
   } else {
-    io::Llama2cCheckpoint c = io::load_llama2c_checkpoint(path);
-    raw.source = path;
+    io::Llama2cCheckpoint c = [&] {
+      try {
+        return io::load_llama2c_checkpoint(path);
+      } catch (const FormatError& e) {
+        throw FormatError(std::string(e.what()) + " (read as llama2.c: the file has neither the GGUF magic nor a "
+                                                  "safetensors header)");
+      }
+    }();
+    raw.source = raw.config_source = path;
     raw.config = std::move(c.config);
     raw.tensors = std::move(c.tensors);
   }
 
-  if (ck.eos_ids.empty()) ck.eos_ids = id_list(raw.config.value("eos_token_id", json()));
-  if (ck.bos_id < 0) {
-    auto b = id_list(raw.config.value("bos_token_id", json()));
-    if (!b.empty()) ck.bos_id = b.front();
+  const bool ids_from_gen = !ck.eos_ids.empty();
+  const bool bos_from_gen = ck.bos_id >= 0;
+  if (raw.config.is_object()) {
+    if (ck.eos_ids.empty()) ck.eos_ids = id_list(raw.config.value("eos_token_id", json()), raw.config_source, "eos_token_id");
+    if (ck.bos_id < 0) {
+      auto b = id_list(raw.config.value("bos_token_id", json()), raw.config_source, "bos_token_id");
+      if (!b.empty()) ck.bos_id = b.front();
+    }
   }
   Decoder decoder = assemble(raw, o, ck.warnings);
   vocab_size = decoder.config().vocab_size;
+  check_id_range(ck.eos_ids, vocab_size, ids_from_gen ? gen_source : raw.config_source, "eos_token_id");
+  if (ck.bos_id >= 0)
+    check_id_range({ck.bos_id}, vocab_size, bos_from_gen ? gen_source : raw.config_source, "bos_token_id");
 
   // The tokenizer: --tokenizer, else what the checkpoint carries.
   std::string tok_path = o.tokenizer_path;

@@ -1,8 +1,11 @@
 // Pieces shared by the model loader's translation units (not a public contract).
 #pragma once
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "corelm/durable.h"
 #include "corelm/llama2c.h"
 #include "corelm/tokenizer.h"
 
@@ -15,5 +18,23 @@ std::unique_ptr<Tokenizer> make_llama2c_tokenizer(io::Llama2cTokenizer vocab, co
 
 // Tokenizer::load, plus llama2.c tokenizer.bin files (any other *.bin) sized to `vocab_size`.
 std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path, int64_t vocab_size);
+
+// Index of the first NaN or infinity among n floats, or n (the load-time weight check).
+size_t first_non_finite(const float* p, size_t n);
+// Copies n floats and returns first_non_finite of them, block by block (one pass over memory).
+size_t copy_checking_finite(const float* src, float* dst, size_t n);
+
+// Files a model directory is made of (config, weights, tokenizer, generation config): what a
+// replaced model directory drops. Anything else there (README.md, LICENSE, .git, ...) is kept.
+bool is_model_file(const std::string& name);
+
+// IOError when `dir` exists but is not a folder, or is a non-empty folder without any model file
+// (a mistyped OUT such as the home folder is never swapped away).
+void check_replaceable_model_dir(const std::string& dir);
+
+// A StagedDir for model directory `dir` (its parent created if missing), holding hard links (or
+// copies) of the entries of the current `dir` for which keep(name) is true. The caller writes the
+// new files into path() and commits once.
+std::unique_ptr<StagedDir> stage_model_dir(const std::string& dir, const std::function<bool(const std::string&)>& keep);
 
 }  // namespace corelm::model::detail

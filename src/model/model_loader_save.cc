@@ -9,6 +9,7 @@
 #include "corelm/error.h"
 #include "corelm/model_loader.h"
 #include "corelm/safetensors.h"
+#include "model/model_loader_internal.h"
 
 namespace corelm::model {
 namespace fs = std::filesystem;
@@ -41,10 +42,10 @@ std::string shard_name(size_t i, size_t n) {
   return buf;
 }
 
-void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& o, SaveSummary& s) {
-  CORELM_CHECK(o.dtype == "f32" || o.dtype == "bf16" || o.dtype == "f16", ValueError, "convert: --dtype ", o.dtype,
-               " is not available for --to ", o.to, " (f32, bf16, f16; q8_0 is a GGUF type: use --to gguf)");
-  fs::create_directories(dir);
+// Writes every file of the folder into `dir` (an empty staging folder); file names in the summary
+// are those under `final_dir`, where the folder will be once committed.
+void write_folder_files(const Checkpoint& ck, const fs::path& dir, const fs::path& final_dir, const SaveOptions& o,
+                        SaveSummary& s) {
   auto say = [&](const std::string& m) {
     if (o.progress) o.progress(m);
   };
@@ -52,7 +53,7 @@ void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& 
   nlohmann::json config = d.config().to_json();
   config["torch_dtype"] = torch_dtype_name(o.dtype);
   io::write_file_atomic((dir / "config.json").string(), config.dump(2) + "\n");
-  s.files.push_back((dir / "config.json").string());
+  s.files.push_back((final_dir / "config.json").string());
 
   // Greedy packing in parameter order; a tensor larger than the limit gets a shard of its own.
   const uint64_t limit = o.shard_size ? o.shard_size : kDefaultShardBytes;
@@ -69,14 +70,6 @@ void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& 
     in_shard += bytes;
     s.bytes += static_cast<int64_t>(bytes);
     ++s.tensors;
-  }
-  // Files of the other layout would shadow (index.json) or confuse (stale shards) the new one.
-  std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (n == "model.safetensors" || n == "model.safetensors.index.json" ||
-        (n.starts_with("model-") && n.ends_with(".safetensors")))
-      stale.push_back(e.path());
   }
   std::vector<std::string> written;
   if (shards.size() == 1) {
@@ -96,26 +89,21 @@ void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& 
     io::write_file_atomic((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n");
     written.push_back("model.safetensors.index.json");
   }
-  for (const fs::path& p : stale)
-    if (std::find(written.begin(), written.end(), p.filename().string()) == written.end()) fs::remove(p);
-  for (const auto& w : written) s.files.push_back((dir / w).string());
+  for (const auto& w : written) s.files.push_back((final_dir / w).string());
 
   ojson gen = {{"_from_model_config", false}};
   if (ck.bos_id >= 0) gen["bos_token_id"] = ck.bos_id;
   if (ck.eos_ids.size() == 1) gen["eos_token_id"] = ck.eos_ids[0];
   if (ck.eos_ids.size() > 1) gen["eos_token_id"] = ck.eos_ids;
   io::write_file_atomic((dir / "generation_config.json").string(), gen.dump(2) + "\n");
-  s.files.push_back((dir / "generation_config.json").string());
+  s.files.push_back((final_dir / "generation_config.json").string());
 
   // The tokenizer: copy its files, or rebuild tokenizer.json from a GGUF BPE vocabulary.
   const TokenizerSource& src = ck.tokenizer_source;
+  // Converting a folder onto itself reads its files here, before the swap replaces them.
   auto copy = [&](const fs::path& from, const std::string& as) {
-    if (fs::equivalent(from.parent_path().empty() ? "." : from.parent_path(), dir) && from.filename() == as) {
-      s.files.push_back((dir / as).string());  // converting a folder onto itself: already there
-      return;
-    }
     io::write_file_atomic((dir / as).string(), read_bytes(from.string()));
-    s.files.push_back((dir / as).string());
+    s.files.push_back((final_dir / as).string());
   };
   if (src.kind == "file" && !fs::is_directory(src.path)) {
     const fs::path from(src.path);
@@ -151,8 +139,8 @@ void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& 
       tc["add_bos_token"] = t && !t->special_prefix().empty();
       tc["add_eos_token"] = t && !t->special_suffix().empty();
       io::write_file_atomic((dir / "tokenizer_config.json").string(), tc.dump(2) + "\n");
-      s.files.push_back((dir / "tokenizer.json").string());
-      s.files.push_back((dir / "tokenizer_config.json").string());
+      s.files.push_back((final_dir / "tokenizer.json").string());
+      s.files.push_back((final_dir / "tokenizer_config.json").string());
       s.tokenizer_written = true;
     } else {
       s.warnings.push_back("the GGUF's SentencePiece-style vocabulary has no tokenizer.json form: no tokenizer "
@@ -161,6 +149,18 @@ void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& 
   } else {
     s.warnings.push_back("no tokenizer loaded: none written");
   }
+}
+
+// The folder is written as a whole: staged beside the target and swapped in by one rename, so an
+// interrupted convert leaves the old model directory complete (never new weights beside the old
+// tokenizer.json). Files that are not part of a model (README.md, LICENSE, ...) are kept.
+void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& o, SaveSummary& s) {
+  CORELM_CHECK(o.dtype == "f32" || o.dtype == "bf16" || o.dtype == "f16", ValueError, "convert: --dtype ", o.dtype,
+               " is not available for --to ", o.to, " (f32, bf16, f16; q8_0 is a GGUF type: use --to gguf)");
+  auto staged = detail::stage_model_dir(dir.string(), [](const std::string& name) { return !detail::is_model_file(name); });
+  write_folder_files(ck, staged->path(), dir, o, s);
+  if (o.progress) o.progress("committing " + dir.string());
+  staged->commit();
 }
 
 void write_gguf(const Checkpoint& ck, const std::string& path, const SaveOptions& o, SaveSummary& s) {

@@ -1,6 +1,7 @@
 // llama2.c readers on synthetic files: header parsing, HF naming, the RoPE row un-permutation,
 // the untied classifier, tokenizer encode/decode rules, and malformed files.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -101,6 +102,31 @@ TEST_F(Llama2cTest, MalformedFilesNameTheFile) {
     }
   }
   EXPECT_THROW(load_llama2c_checkpoint(path("missing.bin")), IOError);
+}
+
+// A FIFO or a device has no size to check against the header and may never end: refused before
+// a byte is read (a FIFO without a writer would block the open itself). A file larger than its
+// header implies is refused from its size alone (a sparse 4 GB file here).
+TEST_F(Llama2cTest, NonRegularAndOversizedFilesAreRefusedUnread) {
+  ASSERT_EQ(::mkfifo(path("m.fifo").c_str(), 0600), 0);
+  for (const std::string& p : {std::string("/dev/zero"), path("m.fifo")}) {
+    try {
+      load_llama2c_checkpoint(p);
+      ADD_FAILURE() << p << " loaded";
+    } catch (const IOError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(read_llama2c_header(p), IOError);
+    EXPECT_THROW(Llama2cTokenizer::load(p), IOError);
+  }
+  write(path("big.bin"), checkpoint(D, H, L, NH, NKV, V, S, 0));
+  fs::resize_file(path("big.bin"), 4ull << 30);
+  try {
+    load_llama2c_checkpoint(path("big.bin"));
+    ADD_FAILURE() << "a 4 GB file loaded";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("4294967296 bytes but its header"), std::string::npos) << e.what();
+  }
 }
 
 std::string tokenizer_bytes(const std::vector<std::pair<std::string, float>>& toks) {

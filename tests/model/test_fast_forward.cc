@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -242,6 +243,33 @@ TEST(FastForwardLifecycle, BadInputIsAnError) {
   EXPECT_THROW(d.logits_from_hidden(Tensor::zeros({2, 7})), ShapeError);
   EXPECT_THROW(d.forward_cached(Tensor::zeros({1, 0}, DType::I64), cache, {0}, Logits::Last), ValueError);
   EXPECT_EQ(cache.length(0), 0) << "a failed call must not advance the cache";
+}
+
+// The RoPE table follows the positions used, not max_position_embeddings: a config claiming a
+// 16M context prepares in no time (it used to build a 4 GB table first), and a cache longer
+// than the first table still decodes exactly like the reference path.
+TEST(FastForwardLifecycle, RopeTableGrowsWithUseNotWithTheConfiguredContext) {
+  ModelConfig c = small_config(false);
+  c.max_position_embeddings = ModelConfig::kMaxPositions;
+  Decoder d(c);
+  d.init_weights(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  d.prepare_inference();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  // Rows start at position 8188 (the zeros of a fresh cache stand for the earlier keys, the same
+  // for both paths) and run past 8192, the first table's end.
+  const int64_t at = 8188, n = 8;
+  KVCache fast(c, 1, at + n + 1), ref(c, 1, at + n + 1);
+  fast.set_length(0, at);
+  ref.set_length(0, at);
+  const std::vector<int64_t> ids = random_ids(n, c.vocab_size, 3);
+  const Tensor a = d.forward_cached(ids_of(ids, 1, n), fast, {0});
+  const Tensor b = d.forward_cached(ids_of({7}, 1, 1), fast, {0});
+  d.drop_inference();
+  const Tensor a_ref = d.forward_cached(ids_of(ids, 1, n), ref, {0});
+  const Tensor b_ref = d.forward_cached(ids_of({7}, 1, 1), ref, {0});
+  EXPECT_LT(compare_logits(a, a_ref).max_rel, 0.05);
+  EXPECT_LT(compare_logits(b, b_ref).max_rel, 0.05);
 }
 
 }  // namespace

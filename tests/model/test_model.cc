@@ -179,6 +179,53 @@ TEST(ModelConfig, JsonErrorsNameTheField) {
   expect_error<ValueError>([&] { ModelConfig::from_json(with("num_key_value_heads", 3)); }, "num_key_value_heads");
 }
 
+// Bounds before allocation (issue 13): every size field has an upper limit, integers are
+// range-checked before narrowing, and token ids must lie in the vocabulary; errors name the key.
+TEST(ModelConfig, SizesAreBoundedAndTokenIdsRangeChecked) {
+  json base = ModelConfig::preset("tiny").to_json();
+  auto with = [&](const std::string& key, json value) {
+    json j = base;
+    j[key] = std::move(value);
+    return j;
+  };
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"num_hidden_layers", 100000},
+                                                                            {"num_hidden_layers", 1e9},
+                                                                            {"intermediate_size", 4194304},
+                                                                            {"vocab_size", 1 << 24},
+                                                                            {"hidden_size", 1e300},
+                                                                            {"max_position_embeddings", 1e12},
+                                                                            {"head_dim", 1 << 20},
+                                                                            {"num_attention_heads", -4}}) {
+    try {
+      ModelConfig::from_json(with(key, value), "x/config.json");
+      ADD_FAILURE() << key << " = " << value.dump() << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("x/config.json"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'" + key + "'"), std::string::npos) << e.what();
+    }
+  }
+  for (const json& id : {json(1e12), json(-7), json(16384), json::array({2, 1e12}), json(4294967368ull)})
+    expect_error<FormatError>([&] { ModelConfig::from_json(with("eos_token_id", id), "x/config.json"); },
+                              "'eos_token_id");
+  EXPECT_EQ(ModelConfig::from_json(with("eos_token_id", 16383)).eos_token_id, 16383);
+  ModelConfig c = small_config("llama", true);
+  c.eos_token_id = c.vocab_size;
+  expect_error<ValueError>([&] { c.validate(); }, "eos_token_id");
+  // The shapes a config implies, without allocating them (what the loader checks files against).
+  ModelConfig big = ModelConfig::preset("smollm2-135m");
+  auto shapes = parameter_shapes(big);
+  Decoder d(small_config("qwen2", false));
+  auto small_shapes = parameter_shapes(d.config());
+  ASSERT_EQ(small_shapes.size(), d.named_parameters().size());
+  for (size_t i = 0; i < small_shapes.size(); ++i) {
+    EXPECT_EQ(small_shapes[i].first, d.named_parameters()[i].first);
+    EXPECT_EQ(small_shapes[i].second, d.named_parameters()[i].second.shape());
+  }
+  int64_t n = 0;
+  for (const auto& [name, shape] : shapes) n += shape_numel(shape);
+  EXPECT_EQ(n, big.num_parameters());
+}
+
 TEST(ModelConfig, SaveAndLoad) {
   std::string dir = std::filesystem::temp_directory_path() / ("corelm_cfg_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
