@@ -130,10 +130,23 @@ TEST(InferFaults, GenerateSizesTheKvCacheByPromptAndMaxNewTokens) {
   }
 }
 
-// A context of 2^31-1 used to end in "internal error: std::bad_alloc"; it is only a bound.
+// A context of 2^31-1 used to end in "internal error: std::bad_alloc". Such a config is now
+// refused by name (config sizes are bounded, defect 6); the largest context allowed is only a
+// bound on what a request may reach, not memory taken up front.
 TEST(InferFaults, GenerateRunsWithAHugeContext) {
   ScratchDir d("infer_kv_huge");
-  make_model_dir(d.path() / "m", (int64_t{1} << 31) - 1);
+  make_model_dir(d.path() / "too_big", 64);
+  {
+    const std::string cfg = d / "too_big/config.json";
+    std::ifstream in(cfg);
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["max_position_embeddings"] = (int64_t{1} << 31) - 1;
+    std::ofstream(cfg) << j.dump(1);
+  }
+  const CliResult refused = run_corelm({"generate", "--model", d / "too_big", "--prompt", "the cat", "-n", "2"});
+  EXPECT_EQ(refused.rc, 1) << refused.err;
+  EXPECT_NE(refused.err.find("max_position_embeddings"), std::string::npos) << refused.err;
+  make_model_dir(d.path() / "m", model::ModelConfig::kMaxPositions);
   CliOptions opt;
   opt.timeout_s = 60;
   if (!kAddressSanitizer) opt.as_limit = long{320} << 20;

@@ -352,12 +352,12 @@ namespace corelm::infer {
 namespace {
 
 // Issue 13, defect 8: the KV cache held the whole context per prompt, so a model whose config
-// says 2^31-1 positions could not generate at all. The cache now holds prompt + max_new_tokens;
+// said 2^31-1 positions could not generate at all (now the largest context a config may give). The cache now holds prompt + max_new_tokens;
 // the same model generates exactly what a small-context copy of it does, on both paths.
 TEST_F(GenerateTest, AHugeContextCostsOnlyWhatTheRequestReaches) {
   model::ModelConfig c = small_config(tokenizer_->vocab_size());
   auto small = make_model(c);
-  c.max_position_embeddings = (int64_t{1} << 31) - 1;
+  c.max_position_embeddings = model::ModelConfig::kMaxPositions;
   auto huge = make_model(c);
   TextGenerator a(*small, *tokenizer_), b(*huge, *tokenizer_);
   const GenerateOptions o = greedy(10);
