@@ -220,9 +220,11 @@ struct EvalResult {
 };
 EvalResult evaluate(const model::Decoder& model, const std::vector<Batch>& batches);
 
-// Greedy continuation of `prompt` (recomputes the whole sequence per token; no KV cache).
+// Greedy continuation of `prompt` (recomputes the whole sequence per token; no KV cache). Only ids
+// below `vocab_limit` are chosen when it is > 0: a model whose embedding is larger than its
+// tokenizer (a padded or not yet filled vocabulary) must not emit ids the tokenizer cannot decode.
 std::vector<TokenId> greedy_generate(const model::Decoder& model, std::vector<TokenId> prompt, int new_tokens,
-                                     std::optional<TokenId> eos = std::nullopt);
+                                     std::optional<TokenId> eos = std::nullopt, int64_t vocab_limit = 0);
 
 // The trainer's resumable state (trainer_state.json).
 struct TrainerState {

@@ -244,7 +244,7 @@ EvalResult evaluate(const model::Decoder& model, const std::vector<Batch>& batch
 }
 
 std::vector<TokenId> greedy_generate(const model::Decoder& model, std::vector<TokenId> prompt, int new_tokens,
-                                     std::optional<TokenId> eos) {
+                                     std::optional<TokenId> eos, int64_t vocab_limit) {
   CORELM_CHECK(!prompt.empty(), ValueError, "greedy_generate: empty prompt");
   autograd::NoGradGuard no_grad;
   const int64_t context = model.config().max_position_embeddings;
@@ -253,7 +253,7 @@ std::vector<TokenId> greedy_generate(const model::Decoder& model, std::vector<To
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(prompt.size()), context);
     std::vector<int64_t> ids(prompt.end() - len, prompt.end());
     Tensor logits = model.forward(Tensor::from_vector(ids, {1, len}));
-    const int64_t vocab = logits.size(-1);
+    const int64_t vocab = vocab_limit > 0 ? std::min<int64_t>(vocab_limit, logits.size(-1)) : logits.size(-1);
     Tensor last = logits.select(1, len - 1).contiguous();
     const float* d = last.data<float>();
     int64_t best = 0;
@@ -384,7 +384,8 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     std::string sample;
     if (opt.sample_tokens > 0 && !sample_prompt.empty()) {
       auto gen = greedy_generate(model, sample_prompt, opt.sample_tokens,
-                                 tokenizer ? tokenizer->eos_id() : std::nullopt);
+                                 tokenizer ? tokenizer->eos_id() : std::nullopt,
+                                 tokenizer ? static_cast<int64_t>(tokenizer->vocab_size()) : 0);
       if (tokenizer) {
         sample = tokenizer->decode(sample_prompt) + "|" + tokenizer->decode(gen);
       } else {

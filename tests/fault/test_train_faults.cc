@@ -294,3 +294,21 @@ TEST_F(TrainFaults, OutOfRangeOptionsAreRefusedNamingTheOption) {
 }
 
 }  // namespace
+
+// A model whose vocabulary is larger than its tokenizer's (a BPE trained on little text, or a
+// padded embedding) used to end training with "token id N is outside the vocabulary" when the
+// progress sample picked an id the tokenizer cannot decode.
+TEST_F(TrainFaults, ASampleNeverPicksAnIdTheTokenizerLacks) {
+  ScratchDir d("train_big_vocab");
+  corelm::model::ModelConfig big = corelm::testing::tiny_decoder_config(4096, 0.2);
+  big.tie_word_embeddings = false;  // an untied head's argmax lands anywhere in the 4096 ids
+  big.save(d / "big.json");
+  std::vector<std::string> a = args(d / "out", 2, {"--sample-tokens", "16", "--eval-every", "1"});
+  for (size_t i = 0; i + 1 < a.size(); ++i)
+    if (a[i] == "--config") a[i + 1] = d / "big.json";
+  for (size_t i = 0; i + 1 < a.size(); ++i)
+    if (a[i] == "--sample-tokens" && a[i + 1] == "0") a.erase(a.begin() + i, a.begin() + i + 2);
+  const CliResult r = run_corelm(a, quick());
+  EXPECT_EQ(r.rc, 0) << r.all();
+  EXPECT_NE(slurp(d / "out/train_log.jsonl").find("\"sample\""), std::string::npos);
+}
