@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process_limits.h"
 #include "core/allocator.h"
 #include "corelm/error.h"
 #include "corelm/out_of_memory.h"
@@ -190,34 +191,9 @@ TEST(Allocator, CacheLimitVariableIsParsedOrRejectedClearly) {
 
 namespace {
 
-// RLIMIT_AS cannot be used under AddressSanitizer: it reserves terabytes of shadow memory, so a
-// limited process cannot even map its own allocations.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
+using corelm::testing::kAddressSanitizer;
 
-// The process's virtual size in bytes (VmSize), the base for an RLIMIT_AS a little above it.
-size_t vm_size() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  size_t kb = 0;
-  while (in >> key) {
-    if (key == "VmSize:") {
-      in >> kb;
-      break;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  return kb * 1024;
-}
+using corelm::testing::vm_size;
 
 // Runs fn in a forked child and returns its exit code (128 + signal when it was killed, e.g.
 // 134 for the SIGABRT of std::terminate).

@@ -8,25 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "common/process_limits.h"
 #include "corelm/error.h"
 #include "corelm/thread_pool.h"
 
 using namespace corelm;
 
 namespace {
-// RLIMIT_AS cannot be used under AddressSanitizer: it reserves terabytes of shadow memory, so a
-// limited process cannot even map its own allocations.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
+using corelm::testing::kAddressSanitizer;
 }  // namespace
 
 TEST(ThreadPool, CoversRangeExactlyOnceForAnyThreadCount) {

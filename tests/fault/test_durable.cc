@@ -18,17 +18,8 @@ using corelm::testing::ScratchDir;
 
 namespace {
 
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-std::vector<std::string> names(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using corelm::testing::names;
+using corelm::testing::slurp;
 
 // Runs fn in a child whose writes past `limit` bytes fail (EFBIG, as on a full disk); returns
 // the child's exit code: 0 = fn threw corelm::IOError, 1 = fn returned, 2 = something else.

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/process_limits.h"
 #include "common/cli_runner.h"
 #include "common/generate_fixtures.h"
 #include "common/model_factories.h"
@@ -79,29 +80,9 @@ std::string prompt_file(const fs::path& dir, int n) {
   return path;
 }
 
-// RLIMIT_AS cannot be used under AddressSanitizer: it reserves terabytes of shadow memory, so a
-// limited process cannot even map its own allocations.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
+using corelm::testing::kAddressSanitizer;
 
-// The process's virtual size in bytes (VmSize), the base for an RLIMIT_AS a little above it.
-size_t vm_size() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  size_t kb = 0;
-  while (in >> key && key != "VmSize:") in.ignore(1 << 20, '\n');
-  in >> kb;
-  return kb * 1024;
-}
+using corelm::testing::vm_size;
 
 // Neither an abort, a signal nor an uncaught exception: the CLI's own error line.
 void expect_clear_failure(const CliResult& r, const std::string& needle) {
