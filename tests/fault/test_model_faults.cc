@@ -47,6 +47,19 @@ constexpr bool kSanitized = true;
 constexpr bool kSanitized = false;
 #endif
 long as_limit(long bytes) { return kSanitized ? -1 : bytes; }
+CliOptions within(double seconds) {
+  CliOptions o;
+  o.timeout_s = seconds;
+  return o;
+}
+CliOptions with_fsize_limit(CliOptions o, long bytes) {
+  o.fsize_limit = bytes;
+  return o;
+}
+CliOptions with_as_limit(CliOptions o, long bytes) {
+  o.as_limit = bytes;
+  return o;
+}
 
 const fs::path kStories = fs::path(CORELM_SOURCE_DIR) / ".." / "shared" / "data" / "models" / "stories260K";
 const std::string kBin = (kStories / "stories260K.bin").string();
@@ -85,7 +98,7 @@ class ModelFaults : public ::testing::Test {
   // stories260K as a corelm model directory (config.json, model.safetensors, tokenizer.bin, ...).
   std::string model_dir(const ScratchDir& d, const std::string& name = "m") {
     const std::string out = d / name;
-    CliResult r = run_corelm({"convert", kBin, out, "--tokenizer", kTok}, CliOptions{.timeout_s = 60});
+    CliResult r = run_corelm({"convert", kBin, out, "--tokenizer", kTok}, within(60));
     EXPECT_EQ(r.rc, 0) << r.all();
     return out;
   }
@@ -98,7 +111,7 @@ CliResult convert_with_fault(const std::vector<std::string>& convert_args, const
   std::vector<std::string> args = {"-f", "-qq", "-o", "/dev/null", "-e", "inject=" + inject,
                                    corelm::testing::corelm_path()};
   args.insert(args.end(), convert_args.begin(), convert_args.end());
-  return run_program("strace", args, CliOptions{.timeout_s = 30});
+  return run_program("strace", args, within(30));
 }
 
 TEST_F(ModelFaults, ConvertKilledAnywhereLeavesTheOldOrTheNewModelDirectory) {
@@ -115,7 +128,7 @@ TEST_F(ModelFaults, ConvertKilledAnywhereLeavesTheOldOrTheNewModelDirectory) {
                                                 "--dtype", "bf16"};
   // The expected new state: the same convert over a copy of the old folder, without faults.
   fs::copy(old_ref, d / "target", fs::copy_options::recursive);
-  CliResult clean = run_corelm(convert_new, CliOptions{.timeout_s = 60});
+  CliResult clean = run_corelm(convert_new, within(60));
   ASSERT_EQ(clean.rc, 0) << clean.all();
   const Snapshot old_state = snapshot(old_ref), new_state = snapshot(d / "target");
   fs::copy(d / "target", d / "new_ref", fs::copy_options::recursive);
@@ -141,7 +154,9 @@ TEST_F(ModelFaults, ConvertKilledAnywhereLeavesTheOldOrTheNewModelDirectory) {
     killed += r.rc == 128 + SIGKILL;
     saw_old += is_old;
     saw_new += is_new;
-    if (r.rc == 0) EXPECT_TRUE(is_new) << f;
+    if (r.rc == 0) {
+      EXPECT_TRUE(is_new) << f;
+    }
     return r.rc == 128 + SIGKILL;
   };
   for (const auto& [calls, step] : std::vector<std::pair<std::string, int>>{
@@ -159,12 +174,12 @@ TEST_F(ModelFaults, ConvertKilledAnywhereLeavesTheOldOrTheNewModelDirectory) {
 
   // Every state seen is byte for byte one of these two, and both load and generate.
   for (const std::string& ref : {old_ref, d / "new_ref", d / "target"}) {
-    CliResult g = run_corelm({"generate", "--model", ref, "--prompt", "Once", "-n", "4"}, CliOptions{.timeout_s = 10});
+    CliResult g = run_corelm({"generate", "--model", ref, "--prompt", "Once", "-n", "4"}, within(10));
     EXPECT_EQ(g.rc, 0) << ref << ": " << g.all();
   }
   // The litter a killed writer leaves beside the target (its staging folder) is removed by the
   // next writer.
-  CliResult again = run_corelm(convert_new, CliOptions{.timeout_s = 60});
+  CliResult again = run_corelm(convert_new, within(60));
   ASSERT_EQ(again.rc, 0) << again.all();
   for (const auto& e : fs::directory_iterator(d.path()))
     EXPECT_FALSE(e.path().filename().string().starts_with(".target.")) << e.path();
@@ -177,7 +192,7 @@ TEST_F(ModelFaults, ConvertOnAFullDiskKeepsTheOldModelDirectory) {
   const std::string dir = model_dir(d);
   const Snapshot before = snapshot(dir);
   CliResult r = run_corelm({"convert", kBin, dir, "--tokenizer", kTok, "--dtype", "f16"},
-                           CliOptions{.timeout_s = 30, .fsize_limit = 300000});
+                           with_fsize_limit(within(30), 300000));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
   EXPECT_EQ(snapshot(dir), before);
@@ -189,7 +204,7 @@ TEST_F(ModelFaults, ConvertRefusesToReplaceAFolderThatIsNotAModel) {
   ScratchDir d("model_convert_guard");
   fs::create_directories(d / "notes");
   write_bytes(fs::path(d / "notes") / "todo.txt", "mine\n");
-  CliResult r = run_corelm({"convert", kBin, d / "notes", "--tokenizer", kTok}, CliOptions{.timeout_s = 30});
+  CliResult r = run_corelm({"convert", kBin, d / "notes", "--tokenizer", kTok}, within(30));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("holds no model files"), std::string::npos) << r.err;
   EXPECT_EQ(slurp(fs::path(d / "notes") / "todo.txt"), "mine\n");
@@ -219,7 +234,7 @@ TEST_F(ModelFaults, OversizedConfigFailsFastNamingConfigJsonAndTheKey) {
   const fs::path config = fs::path(dir) / "config.json";
   const json good = json::parse(slurp(config));
   // 2 GB of address space: the model needs a few MB; any allocation sized by the bad field fails.
-  const CliOptions limited{.timeout_s = kSanitized ? 30.0 : 8.0, .as_limit = as_limit(2L << 30)};
+  const CliOptions limited = with_as_limit(within(kSanitized ? 30.0 : 8.0), as_limit(2L << 30));
   const std::vector<std::string> generate = {"generate", "--model", dir,         "--prompt", "Once",
                                              "-n",       "2",       "--threads", "1"};
   CliResult ok = run_corelm(generate, limited);
@@ -251,7 +266,9 @@ TEST_F(ModelFaults, OversizedConfigFailsFastNamingConfigJsonAndTheKey) {
     EXPECT_FALSE(r.timed_out) << what;
     EXPECT_NE(r.rc, 0) << what;
     EXPECT_NE(r.rc, 128 + SIGABRT) << what << ": aborted\n" << r.err;
-    if (!kSanitized) EXPECT_LT(s, 5.0) << what;
+    if (!kSanitized) {
+      EXPECT_LT(s, 5.0) << what;
+    }
     EXPECT_NE(r.err.find("config.json"), std::string::npos) << what << ": " << r.err;
     EXPECT_NE(r.err.find(c.key), std::string::npos) << what << ": " << r.err;
     EXPECT_EQ(r.err.find("model.safetensors:"), std::string::npos) << what << ": names the wrong file: " << r.err;
@@ -270,9 +287,9 @@ TEST_F(ModelFaults, OversizedConfigFailsFastNamingConfigJsonAndTheKey) {
 TEST_F(ModelFaults, TokenIdsAreRangeCheckedInEveryFormat) {
   ScratchDir d("model_gen_ids");
   const std::string dir = model_dir(d);
-  for (const std::string& v : {"1e12", "[2, 4294967298]", "-1", "1.5", "100000"}) {
+  for (const std::string v : {"1e12", "[2, 4294967298]", "-1", "1.5", "100000"}) {
     write_bytes(fs::path(dir) / "generation_config.json", "{\"eos_token_id\": " + v + "}");
-    CliResult r = run_corelm({"generate", "--model", dir, "--prompt", "Once", "-n", "2"}, CliOptions{.timeout_s = 10});
+    CliResult r = run_corelm({"generate", "--model", dir, "--prompt", "Once", "-n", "2"}, within(10));
     EXPECT_NE(r.rc, 0) << v;
     EXPECT_NE(r.err.find("generation_config.json"), std::string::npos) << v << ": " << r.err;
     EXPECT_NE(r.err.find("eos_token_id"), std::string::npos) << v << ": " << r.err;
@@ -338,11 +355,11 @@ TEST_F(ModelFaults, NonFiniteWeightsAreRefusedInEveryFormat) {
   expect_non_finite_error([&] { model::load_model(dir); }, victim, "model dir");
   expect_non_finite_error([&] { model::load_model(dir); }, "[5, 7]", "model dir (element index)");
   expect_non_finite_error([&] { model::load_model_dir(dir); }, victim, "load_model_dir");
-  CliResult r = run_corelm({"generate", "--model", dir, "--prompt", "Once", "-n", "4"}, CliOptions{.timeout_s = 10});
+  CliResult r = run_corelm({"generate", "--model", dir, "--prompt", "Once", "-n", "4"}, within(10));
   EXPECT_NE(r.rc, 0) << r.all();
   EXPECT_NE(r.err.find(victim), std::string::npos) << r.err;
   write_bytes(d / "text.txt", "Once upon a time there was a cat. It sat on a mat.\n");
-  r = run_corelm({"eval", "--model", dir, "--data", d / "text.txt", "--seq", "8"}, CliOptions{.timeout_s = 10});
+  r = run_corelm({"eval", "--model", dir, "--data", d / "text.txt", "--seq", "8"}, within(10));
   EXPECT_NE(r.rc, 0) << r.all();
 
   // Sharded HF folder (the shard holding the tensor is named) and GGUF.
@@ -411,7 +428,7 @@ TEST_F(ModelFaults, NonFiniteCheckIsASmallPartOfTheLoad) {
 
 TEST_F(ModelFaults, FifoDevZeroAndSizeMismatchAreRefusedUnread) {
   ScratchDir d("model_fifo");
-  const CliOptions limited{.timeout_s = kSanitized ? 30.0 : 5.0, .as_limit = as_limit(1L << 30)};
+  const CliOptions limited = with_as_limit(within(kSanitized ? 30.0 : 5.0), as_limit(1L << 30));
   const std::string fifo = d / "model.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   for (const std::string& model : {std::string("/dev/zero"), fifo}) {
@@ -448,7 +465,7 @@ TEST_F(ModelFaults, DamagedSafetensorsAndGgufAreReportedInTheirOwnFormat) {
   std::memset(st.data(), 0xFF, 16);  // the length and the start of the JSON: no "{" at byte 8
   write_bytes(fs::path(dir) / "broken.safetensors", st);
   // A .gguf whose magic is damaged.
-  CliResult r = run_corelm({"convert", dir, d / "m.gguf"}, CliOptions{.timeout_s = 30});
+  CliResult r = run_corelm({"convert", dir, d / "m.gguf"}, within(30));
   ASSERT_EQ(r.rc, 0) << r.all();
   std::string g = slurp(d / "m.gguf");
   g[0] = 'X';
@@ -459,7 +476,7 @@ TEST_F(ModelFaults, DamagedSafetensorsAndGgufAreReportedInTheirOwnFormat) {
            {d / "broken.gguf", "GGUF"},
            {d / "short.gguf", "GGUF"}}) {
     r = run_corelm({"generate", "--model", file, "--tokenizer", kTok, "--prompt", "x", "-n", "1"},
-                   CliOptions{.timeout_s = 10});
+                   within(10));
     EXPECT_NE(r.rc, 0) << file;
     EXPECT_NE(r.err.find(format), std::string::npos) << file << ": " << r.err;
     EXPECT_EQ(r.err.find("llama2.c"), std::string::npos) << file << ": " << r.err;
@@ -467,7 +484,7 @@ TEST_F(ModelFaults, DamagedSafetensorsAndGgufAreReportedInTheirOwnFormat) {
   // Without magic or a known extension it is read as llama2.c, and the error says why.
   write_bytes(d / "noise.bin", std::string(1000, '\x7f'));
   r = run_corelm({"generate", "--model", d / "noise.bin", "--tokenizer", kTok, "--prompt", "x", "-n", "1"},
-                 CliOptions{.timeout_s = 10});
+                 within(10));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("neither the GGUF magic nor a safetensors header"), std::string::npos) << r.err;
 }
