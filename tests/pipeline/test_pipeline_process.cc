@@ -41,15 +41,22 @@ TEST_F(PipelineProcessTest, KilledRunsResumeToTheUninterruptedOutput) {
   const std::string reference = read_parts(path("ref"));
   ASSERT_EQ(parse_lines(reference).size(), 600u);
 
-  // Each attempt resumes where the previous one was killed, so delays stay short (5-20% of a full
-  // run, start-up included) to land the kills while chunks are still being committed.
+  // Each attempt resumes where the previous one was killed. It is killed once it has committed
+  // at least one more chunk, after a short random delay (0-5% of a full run), so the kill lands
+  // while chunks are still being committed whatever the machine's load (a fixed fraction of the
+  // full run's time could land before the first commit on a loaded machine).
   std::mt19937 rng(1234);
   int killed = 0;
   std::vector<size_t> committed;
+  auto records_now = [&] { return fs::exists(path("out")) ? parse_lines(read_parts(path("out"))).size() : 0; };
   for (int k = 0; k < 5; ++k) {
+    const size_t before = records_now();
     const pid_t pid = spawn_corelm(classify_args(path("in.jsonl"), path("out")), path("kill.log"));
-    const double frac = 0.05 + 0.15 * (rng() % 1000) / 1000.0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(full_ms * frac)));
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (records_now() <= before && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    const double frac = 0.05 * (rng() % 1000) / 1000.0;
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int>(full_ms * frac * 1000)));
     ::kill(pid, SIGKILL);
     killed += wait_exit(pid) == 128 + SIGKILL;
     committed.push_back(fs::exists(path("out")) ? parse_lines(read_parts(path("out"))).size() : 0);
