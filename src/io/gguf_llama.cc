@@ -1,5 +1,6 @@
 // HF <-> llama.cpp mapping for Llama/Qwen2 GGUF files: tensor names, architecture metadata and
 // the q/k row permutation (see gguf.h).
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <regex>
@@ -130,6 +131,8 @@ GGUFModel load_gguf_model(const std::string& path) {
     const double d = v->as_float();
     // Sizes become int64 (and tensor shapes): refuse NaN, negatives and absurd values up front.
     CORELM_CHECK(d >= 0 && d <= 2147483647.0, FormatError, w, "key ", arch, ".", key, " = ", d, " is out of range");
+    // A size written as a float must still be a whole number: 1.5 layers is not 1 layer.
+    CORELM_CHECK(d == std::floor(d), FormatError, w, "key ", arch, ".", key, " = ", d, " is not a whole number");
     return d;
   };
   const auto hidden = static_cast<int64_t>(need("embedding_length"));

@@ -175,6 +175,7 @@ TEST(GgufFaults, TypeErrorsNameFileAndKey) {
       {"tokenizer.ggml.token_type", io::GGUFValue::of_strings({"1"}), "is array of string, expected an array of int32"},
       {"tokenizer.ggml.eos_token_id", io::GGUFValue::of(T::Uint64, int64_t(1) << 40), "is outside [0, 2147483647]"},
       {"llama.block_count", io::GGUFValue::of_string("1"), "block_count"},
+      {"llama.block_count", io::GGUFValue::of_float(T::Float32, 1.5), "block_count = 1.5 is not a whole number"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
