@@ -131,18 +131,22 @@ GGUFModel load_gguf_model(const std::string& path) {
     const double d = v->as_float();
     // Sizes become int64 (and tensor shapes): refuse NaN, negatives and absurd values up front.
     CORELM_CHECK(d >= 0 && d <= 2147483647.0, FormatError, w, "key ", arch, ".", key, " = ", d, " is out of range");
-    // A size written as a float must still be a whole number: 1.5 layers is not 1 layer.
-    CORELM_CHECK(d == std::floor(d), FormatError, w, "key ", arch, ".", key, " = ", d, " is not a whole number");
     return d;
   };
-  const auto hidden = static_cast<int64_t>(need("embedding_length"));
-  const auto layers = static_cast<int64_t>(need("block_count"));
-  const auto ffn = static_cast<int64_t>(need("feed_forward_length"));
-  const auto heads = static_cast<int64_t>(need("attention.head_count"));
-  const auto kv_heads = num("attention.head_count_kv") ? static_cast<int64_t>(need("attention.head_count_kv")) : heads;
+  // A size written as a float must still be a whole number: 1.5 layers is not 1 layer.
+  auto need_size = [&](const std::string& key) {
+    const double d = need(key);
+    CORELM_CHECK(d == std::floor(d), FormatError, w, "key ", arch, ".", key, " = ", d, " is not a whole number");
+    return static_cast<int64_t>(d);
+  };
+  const auto hidden = need_size("embedding_length");
+  const auto layers = need_size("block_count");
+  const auto ffn = need_size("feed_forward_length");
+  const auto heads = need_size("attention.head_count");
+  const auto kv_heads = num("attention.head_count_kv") ? need_size("attention.head_count_kv") : heads;
   CORELM_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, FormatError, w, "head counts ", heads, "/",
                kv_heads, " do not form whole KV groups");
-  const auto head_dim = num("attention.key_length") ? static_cast<int64_t>(need("attention.key_length")) : hidden / heads;
+  const auto head_dim = num("attention.key_length") ? need_size("attention.key_length") : hidden / heads;
   CORELM_CHECK(head_dim > 0 && head_dim % 2 == 0, FormatError, w, "head size ", head_dim, " is not even");
   CORELM_CHECK(f.find(arch + ".rope.scaling.type") == nullptr, FormatError, w, "rope scaling is not supported");
 
