@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_escapes.h"
 #include "command_registry.h"
 #include "corelm/error.h"
 #include "corelm/pipeline.h"
@@ -19,20 +20,6 @@ struct RunArgs {
   std::string shard = "0/1", truncate = "head", task_file, regex;
   bool json = false;
 };
-
-// --stop / --template values may spell newlines and tabs as \n and \t.
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == 'n' || s[i + 1] == 't' || s[i + 1] == '\\')) {
-      out += s[i + 1] == 'n' ? '\n' : s[i + 1] == 't' ? '\t' : '\\';
-      ++i;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
 
 void parse_shard(const std::string& s, int& i, int& n) {
   const size_t slash = s.find('/');

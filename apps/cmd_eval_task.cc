@@ -1,0 +1,75 @@
+// corelm eval-task: score a task on labelled JSONL (accuracy, macro-F1, confusion, ECE).
+// Argument parsing and printing only; the evaluation lives in src/pipeline/eval_task.cc.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli_escapes.h"
+#include "command_registry.h"
+#include "corelm/error.h"
+#include "corelm/eval_task.h"
+
+namespace corelm::cli {
+namespace {
+
+struct EvalTaskArgs {
+  pipeline::EvalTaskOptions opt;
+  std::string task = "classify";
+  bool json = false;
+};
+
+void run(EvalTaskArgs& a) {
+  a.opt.run.task.kind = pipeline::parse_task_kind(a.task);
+  a.opt.run.task.template_text = unescape(a.opt.run.task.template_text);
+  const pipeline::EvalTaskResult r = pipeline::eval_classify(a.opt);
+  const pipeline::ClassifyMetrics& m = r.metrics;
+  if (a.json) {
+    nlohmann::ordered_json j = m.to_json();
+    j["task"] = a.task;
+    j["error_records"] = r.error_records;
+    j["input_tokens"] = r.run.input_tokens;
+    j["tokens_per_s"] = r.run.tokens_per_s;
+    std::cout << j.dump() << "\n";
+    return;
+  }
+  std::printf("records %lld  accuracy %.4f  macro-F1 %.4f  ECE(%d bins) %.4f  %.0f input tokens/s  (%lld error records)\n",
+              static_cast<long long>(m.n), m.accuracy, m.macro_f1, m.bins, m.ece, r.run.tokens_per_s,
+              static_cast<long long>(r.error_records));
+  std::printf("%-16s %9s %9s %9s %8s\n", "label", "precision", "recall", "f1", "support");
+  for (size_t k = 0; k < m.labels.size(); ++k)
+    std::printf("%-16s %9.4f %9.4f %9.4f %8lld\n", m.labels[k].c_str(), m.precision[k], m.recall[k], m.f1[k],
+                static_cast<long long>(m.support[k]));
+  std::printf("confusion (rows: gold, columns: predicted, in --labels order)\n");
+  for (size_t g = 0; g < m.labels.size(); ++g) {
+    std::printf("%-16s", m.labels[g].c_str());
+    for (size_t p = 0; p < m.labels.size(); ++p) std::printf(" %7lld", static_cast<long long>(m.confusion[g][p]));
+    std::printf("\n");
+  }
+}
+
+RegisterCommand reg([](CLI::App& root) {
+  auto a = std::make_shared<EvalTaskArgs>();
+  CLI::App* c = root.add_subcommand("eval-task", "Score a task on labelled JSONL: accuracy, macro-F1, confusion, ECE");
+  pipeline::RunOptions& o = a->opt.run;
+  pipeline::TaskSpec& t = o.task;
+  c->add_option("--model", o.model, "model directory, HF folder or GGUF")->required();
+  c->add_option("--data", o.inputs, "labelled JSONL files (.gz/.zst read transparently)")->required();
+  c->add_option("--task", a->task, "classify (extract: not built yet)")->capture_default_str();
+  c->add_option("--labels", t.labels, "labels, comma-separated (every gold label must be one of them)")
+      ->delimiter(',')
+      ->required();
+  c->add_option("--text-field", t.text_field, "field holding the text")->capture_default_str();
+  c->add_option("--label-field", a->opt.label_field, "field holding the gold label")->capture_default_str();
+  c->add_option("--template", t.template_text, "prompt template; {text} marks the document");
+  c->add_option("--label-prefix", t.label_prefix, "each label is scored as the continuation PREFIX + label")
+      ->capture_default_str();
+  c->add_option("--out", o.out, "keep the run's output folder here (default: a temp folder, removed)");
+  c->add_option("--precision", o.precision, "bf16 (default), int8 or f32")->capture_default_str();
+  c->add_option("--threads", o.threads, "threads")->capture_default_str();
+  c->add_option("--batch", o.batch, "documents per forward")->capture_default_str();
+  c->add_flag("--json", a->json, "print the metrics as one JSON line on stdout");
+  c->callback([a] { run(*a); });
+});
+
+}  // namespace
+}  // namespace corelm::cli

@@ -1,0 +1,50 @@
+// Task evaluation (`corelm eval-task`): run a task over labelled JSONL with the corpus runner and
+// score its outputs against the gold field. Classification: accuracy, macro-F1, per-class
+// precision/recall/F1, the confusion matrix and the expected calibration error of the predicted
+// label's probability. (Extraction metrics are not built yet.)
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "corelm/pipeline.h"
+
+namespace corelm::pipeline {
+
+struct ClassifyMetrics {
+  std::vector<std::string> labels;
+  int64_t n = 0;                 // scored records
+  double accuracy = 0, macro_f1 = 0;
+  double ece = 0;                // expected calibration error over `bins` equal-width bins
+  int bins = 15;
+  std::vector<double> precision, recall, f1;      // per label (0 where undefined)
+  std::vector<int64_t> support;                    // gold count per label
+  std::vector<std::vector<int64_t>> confusion;     // [gold][predicted]
+  nlohmann::ordered_json to_json() const;
+};
+
+// gold[i], pred[i]: label indices; confidence[i]: the probability given to pred[i], in [0, 1].
+// ECE = sum over bins b of |b|/n * |accuracy(b) - mean confidence(b)|, bin k holding
+// confidences in (k/bins, (k+1)/bins] (0 goes to the first bin). Macro-F1 averages every label's
+// F1, a label never predicted nor present counting 0. ValueError on mismatched sizes, an index
+// outside the labels or a confidence outside [0, 1].
+ClassifyMetrics classify_metrics(const std::vector<std::string>& labels, const std::vector<int>& gold,
+                                 const std::vector<int>& pred, const std::vector<double>& confidence, int bins = 15);
+
+struct EvalTaskOptions {
+  RunOptions run;                   // model, inputs, task (classify), batch, ...; out "" = a temp folder
+  std::string label_field = "label";
+};
+
+struct EvalTaskResult {
+  ClassifyMetrics metrics;
+  RunSummary run;
+  int64_t error_records = 0;  // records the runner could not score (too long, bad JSON): not in metrics
+};
+
+// ValueError naming FILE:LINE for a record without a gold label or with one outside --labels, and
+// for data without any labelled record.
+EvalTaskResult eval_classify(const EvalTaskOptions& options);
+
+}  // namespace corelm::pipeline
