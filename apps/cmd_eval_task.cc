@@ -1,4 +1,5 @@
-// corelm eval-task: score a task on labelled JSONL (accuracy, macro-F1, confusion, ECE).
+// corelm eval-task: score a task on labelled JSONL (classify: accuracy, macro-F1, confusion, ECE;
+// extract: exact match and token F1).
 // Argument parsing and printing only; the evaluation lives in src/pipeline/eval_task.cc.
 #include <cstdio>
 #include <iostream>
@@ -19,8 +20,27 @@ struct EvalTaskArgs {
 };
 
 void run(EvalTaskArgs& a) {
-  a.opt.run.task.kind = pipeline::parse_task_kind(a.task);
-  a.opt.run.task.template_text = unescape(a.opt.run.task.template_text);
+  pipeline::TaskSpec& t = a.opt.run.task;
+  t.kind = pipeline::parse_task_kind(a.task);
+  t.template_text = unescape(t.template_text);
+  for (auto& s : t.stop) s = unescape(s);
+  if (t.kind == pipeline::TaskKind::Extract) {
+    const pipeline::EvalTaskResult r = pipeline::eval_extract(a.opt);
+    nlohmann::ordered_json j = r.extract.to_json();
+    j["task"] = a.task;
+    j["error_records"] = r.error_records;
+    j["input_tokens"] = r.run.input_tokens;
+    j["tokens_per_s"] = r.run.tokens_per_s;
+    if (a.json) {
+      std::cout << j.dump() << "\n";
+    } else {
+      std::printf("records %lld  exact match %.4f  token F1 %.4f  %.0f input tokens/s  (%lld error records)\n",
+                  static_cast<long long>(r.extract.n), r.extract.exact_match, r.extract.token_f1, r.run.tokens_per_s,
+                  static_cast<long long>(r.error_records));
+    }
+    return;
+  }
+  CORELM_CHECK(t.kind == pipeline::TaskKind::Classify, ValueError, "eval-task: --task must be classify or extract");
   const pipeline::EvalTaskResult r = pipeline::eval_classify(a.opt);
   const pipeline::ClassifyMetrics& m = r.metrics;
   if (a.json) {
@@ -49,17 +69,20 @@ void run(EvalTaskArgs& a) {
 
 RegisterCommand reg([](CLI::App& root) {
   auto a = std::make_shared<EvalTaskArgs>();
-  CLI::App* c = root.add_subcommand("eval-task", "Score a task on labelled JSONL: accuracy, macro-F1, confusion, ECE");
+  CLI::App* c = root.add_subcommand("eval-task", "Score a task on labelled JSONL: accuracy, macro-F1, confusion, ECE (classify); exact match, token F1 (extract)");
   pipeline::RunOptions& o = a->opt.run;
   pipeline::TaskSpec& t = o.task;
   c->add_option("--model", o.model, "model directory, HF folder or GGUF")->required();
   c->add_option("--data", o.inputs, "labelled JSONL files (.gz/.zst read transparently)")->required();
-  c->add_option("--task", a->task, "classify (extract: not built yet)")->capture_default_str();
-  c->add_option("--labels", t.labels, "labels, comma-separated (every gold label must be one of them)")
-      ->delimiter(',')
-      ->required();
+  c->add_option("--task", a->task, "classify | extract")->capture_default_str();
+  c->add_option("--labels", t.labels, "classify: labels, comma-separated (every gold label must be one of them)")
+      ->delimiter(',');
+  c->add_option("--stop", t.stop, "extract: stop string (repeatable; \\n allowed)");
+  c->add_option("--max-tokens", t.max_tokens, "extract: tokens to generate at most")->capture_default_str();
   c->add_option("--text-field", t.text_field, "field holding the text")->capture_default_str();
-  c->add_option("--label-field", a->opt.label_field, "field holding the gold label")->capture_default_str();
+  c->add_option("--label-field", a->opt.label_field,
+                "field holding the gold label (extract: the reference answer, a string or a list of strings)")
+      ->capture_default_str();
   c->add_option("--template", t.template_text, "prompt template; {text} marks the document");
   c->add_option("--label-prefix", t.label_prefix, "each label is scored as the continuation PREFIX + label")
       ->capture_default_str();

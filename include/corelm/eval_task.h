@@ -1,7 +1,8 @@
 // Task evaluation (`corelm eval-task`): run a task over labelled JSONL with the corpus runner and
 // score its outputs against the gold field. Classification: accuracy, macro-F1, per-class
 // precision/recall/F1, the confusion matrix and the expected calibration error of the predicted
-// label's probability. (Extraction metrics are not built yet.)
+// label's probability. Extraction: exact match and token F1 against a reference answer (or the
+// best of several), after SQuAD-style normalisation. (Entity-span scoring is not built yet.)
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -32,13 +33,27 @@ struct ClassifyMetrics {
 ClassifyMetrics classify_metrics(const std::vector<std::string>& labels, const std::vector<int>& gold,
                                  const std::vector<int>& pred, const std::vector<double>& confidence, int bins = 15);
 
+struct ExtractMetrics {
+  int64_t n = 0;
+  double exact_match = 0, token_f1 = 0;  // means over records, each the best over its references
+  nlohmann::ordered_json to_json() const;
+};
+
+// Lower case, ASCII punctuation removed, the articles a/an/the dropped, whitespace collapsed.
+std::string normalize_answer(const std::string& s);
+// Token F1 of two answers after normalize_answer (1 when both are empty, 0 when only one is).
+double token_f1(const std::string& prediction, const std::string& reference);
+ExtractMetrics extract_metrics(const std::vector<std::string>& predictions,
+                               const std::vector<std::vector<std::string>>& references);
+
 struct EvalTaskOptions {
   RunOptions run;                   // model, inputs, task (classify), batch, ...; out "" = a temp folder
   std::string label_field = "label";
 };
 
 struct EvalTaskResult {
-  ClassifyMetrics metrics;
+  ClassifyMetrics metrics;   // classify
+  ExtractMetrics extract;    // extract
   RunSummary run;
   int64_t error_records = 0;  // records the runner could not score (too long, bad JSON): not in metrics
 };
@@ -46,5 +61,7 @@ struct EvalTaskResult {
 // ValueError naming FILE:LINE for a record without a gold label or with one outside --labels, and
 // for data without any labelled record.
 EvalTaskResult eval_classify(const EvalTaskOptions& options);
+// Extraction: the label field holds the reference answer, a string or a list of strings.
+EvalTaskResult eval_extract(const EvalTaskOptions& options);
 
 }  // namespace corelm::pipeline

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -117,21 +118,15 @@ std::vector<fs::path> files_with(const std::string& dir, const std::string& stem
 
 }  // namespace
 
-EvalTaskResult eval_classify(const EvalTaskOptions& options) {
-  RunOptions o = options.run;
-  CORELM_CHECK(o.task.kind == TaskKind::Classify, ValueError, "eval-task: only --task classify is built so far");
-  CORELM_CHECK(!o.task.labels.empty(), ValueError, "eval-task: --labels is required for classify");
+namespace {
+
+// The gold field of every record, by the id the runner gives it: FILE:LINE, FILE as given
+// (escaped). Lines that are blank, too long or not a JSON object are the runner's error records.
+std::map<std::string, nlohmann::json> read_gold(const RunOptions& o, const std::string& field) {
+  CORELM_CHECK(!field.empty(), ValueError, "eval-task: --label-field is empty");
   CORELM_CHECK(o.task.id_field.empty(), ValueError,
                "eval-task: records are matched to their gold labels by FILE:LINE; --id-field is not supported");
-  CORELM_CHECK(!options.label_field.empty(), ValueError, "eval-task: --label-field is empty");
-  std::map<std::string, int> label_index;
-  for (size_t k = 0; k < o.task.labels.size(); ++k) {
-    CORELM_CHECK(label_index.emplace(o.task.labels[k], static_cast<int>(k)).second, ValueError,
-                 "eval-task: label '", o.task.labels[k], "' is given twice in --labels");
-  }
-
-  // Gold labels by the id the runner gives each record: FILE:LINE, FILE as given (escaped).
-  std::map<std::string, int> gold_of;
+  std::map<std::string, nlohmann::json> gold;
   for (const std::string& file : expand_inputs(o.inputs)) {
     LineReader reader(file, o.max_line_bytes);
     std::string line;
@@ -140,48 +135,164 @@ EvalTaskResult eval_classify(const EvalTaskOptions& options) {
       if (too_long || line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = escape_invalid_utf8(file) + ":" + std::to_string(reader.line_number());
       nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object()) continue;  // the runner reports it as an error record
-      auto it = j.find(options.label_field);
-      CORELM_CHECK(it != j.end(), ValueError, where, ": no gold label field '", options.label_field, "'");
-      std::string gold;
-      if (it->is_string()) gold = it->get<std::string>();
-      else if (it->is_number_integer()) gold = std::to_string(it->get<int64_t>());
-      else throw ValueError(where + ": gold label field '" + options.label_field + "' must be a string or an integer");
-      auto k = label_index.find(gold);
-      CORELM_CHECK(k != label_index.end(), ValueError, where, ": gold label '", escape_invalid_utf8(gold),
-                   "' is not one of --labels");
-      gold_of[where] = k->second;
+      if (j.is_discarded() || !j.is_object()) continue;
+      auto it = j.find(field);
+      CORELM_CHECK(it != j.end(), ValueError, where, ": no gold label field '", field, "'");
+      gold[where] = *it;
     }
   }
-  CORELM_CHECK(!gold_of.empty(), ValueError, "eval-task: the data holds no labelled record");
+  CORELM_CHECK(!gold.empty(), ValueError, "eval-task: the data holds no labelled record");
+  return gold;
+}
 
+// Runs the task into o.out (a temp folder when empty) and calls fn(record) for each output line.
+template <typename Fn>
+RunSummary run_and_read(RunOptions o, Fn fn) {
   std::unique_ptr<TempDir> temp;
   if (o.out.empty()) {
     temp = std::make_unique<TempDir>();
     o.out = temp->path + "/out";
   }
-  EvalTaskResult r;
-  r.run = run(o);
-  CORELM_CHECK(r.run.complete, IOError, "eval-task: the run over ", o.out, " is not complete");
-  std::vector<int> gold, pred;
-  std::vector<double> conf;
+  RunSummary summary = run(o);
+  CORELM_CHECK(summary.complete, IOError, "eval-task: the run over ", o.out, " is not complete");
   for (const fs::path& part : files_with(o.out, "part-")) {
     std::ifstream in(part);
     std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      const nlohmann::json j = nlohmann::json::parse(line);
-      auto g = gold_of.find(j.at("id").get<std::string>());
-      if (g == gold_of.end()) continue;
-      const std::string label = j.at("label").get<std::string>();
-      gold.push_back(g->second);
-      pred.push_back(label_index.at(label));
-      conf.push_back(std::clamp(j.at("probs").at(label).get<double>(), 0.0, 1.0));
-    }
+    while (std::getline(in, line))
+      if (!line.empty()) fn(nlohmann::json::parse(line));
   }
+  return summary;
+}
+
+}  // namespace
+
+EvalTaskResult eval_classify(const EvalTaskOptions& options) {
+  const RunOptions& o = options.run;
+  CORELM_CHECK(o.task.kind == TaskKind::Classify, ValueError, "eval_classify: the task is not classify");
+  CORELM_CHECK(!o.task.labels.empty(), ValueError, "eval-task: --labels is required for classify");
+  std::map<std::string, int> label_index;
+  for (size_t k = 0; k < o.task.labels.size(); ++k) {
+    CORELM_CHECK(label_index.emplace(o.task.labels[k], static_cast<int>(k)).second, ValueError,
+                 "eval-task: label '", o.task.labels[k], "' is given twice in --labels");
+  }
+  std::map<std::string, int> gold_of;
+  for (const auto& [where, v] : read_gold(o, options.label_field)) {
+    std::string gold;
+    if (v.is_string()) gold = v.get<std::string>();
+    else if (v.is_number_integer()) gold = std::to_string(v.get<int64_t>());
+    else throw ValueError(where + ": gold label field '" + options.label_field + "' must be a string or an integer");
+    auto k = label_index.find(gold);
+    CORELM_CHECK(k != label_index.end(), ValueError, where, ": gold label '", escape_invalid_utf8(gold),
+                 "' is not one of --labels");
+    gold_of[where] = k->second;
+  }
+  EvalTaskResult r;
+  std::vector<int> gold, pred;
+  std::vector<double> conf;
+  r.run = run_and_read(o, [&](const nlohmann::json& j) {
+    auto g = gold_of.find(j.at("id").get<std::string>());
+    if (g == gold_of.end()) return;
+    const std::string label = j.at("label").get<std::string>();
+    gold.push_back(g->second);
+    pred.push_back(label_index.at(label));
+    conf.push_back(std::clamp(j.at("probs").at(label).get<double>(), 0.0, 1.0));
+  });
   r.error_records = r.run.errors;
   r.metrics = classify_metrics(o.task.labels, gold, pred, conf);
   return r;
+}
+
+EvalTaskResult eval_extract(const EvalTaskOptions& options) {
+  const RunOptions& o = options.run;
+  CORELM_CHECK(o.task.kind == TaskKind::Extract, ValueError, "eval_extract: the task is not extract");
+  std::map<std::string, std::vector<std::string>> refs_of;
+  for (const auto& [where, v] : read_gold(o, options.label_field)) {
+    std::vector<std::string> refs;
+    if (v.is_string()) refs.push_back(v.get<std::string>());
+    else if (v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), [](const auto& e) { return e.is_string(); }))
+      for (const auto& e : v) refs.push_back(e.get<std::string>());
+    else
+      throw ValueError(where + ": reference field '" + options.label_field +
+                       "' must be a string or a non-empty list of strings");
+    refs_of[where] = std::move(refs);
+  }
+  EvalTaskResult r;
+  std::vector<std::string> preds;
+  std::vector<std::vector<std::string>> refs;
+  r.run = run_and_read(o, [&](const nlohmann::json& j) {
+    auto g = refs_of.find(j.at("id").get<std::string>());
+    if (g == refs_of.end()) return;
+    preds.push_back(j.value("text", std::string()));
+    refs.push_back(g->second);
+  });
+  r.error_records = r.run.errors;
+  r.extract = extract_metrics(preds, refs);
+  return r;
+}
+
+std::string normalize_answer(const std::string& s) {
+  std::string lower;
+  for (unsigned char c : s) {
+    if (std::ispunct(c)) continue;  // ASCII punctuation only; other bytes are kept as they are
+    lower += static_cast<char>(std::tolower(c));
+  }
+  std::istringstream words(lower);
+  std::string w, out;
+  while (words >> w) {
+    if (w == "a" || w == "an" || w == "the") continue;
+    if (!out.empty()) out += ' ';
+    out += w;
+  }
+  return out;
+}
+
+double token_f1(const std::string& prediction, const std::string& reference) {
+  std::istringstream p(normalize_answer(prediction)), r(normalize_answer(reference));
+  std::map<std::string, int64_t> pc, rc;
+  int64_t np = 0, nr = 0;
+  for (std::string w; p >> w; ++np) ++pc[w];
+  for (std::string w; r >> w; ++nr) ++rc[w];
+  if (np == 0 || nr == 0) return np == nr ? 1.0 : 0.0;
+  int64_t common = 0;
+  for (const auto& [w, c] : pc) {
+    auto it = rc.find(w);
+    if (it != rc.end()) common += std::min(c, it->second);
+  }
+  if (common == 0) return 0.0;
+  const double precision = static_cast<double>(common) / np, recall = static_cast<double>(common) / nr;
+  return 2 * precision * recall / (precision + recall);
+}
+
+ExtractMetrics extract_metrics(const std::vector<std::string>& predictions,
+                               const std::vector<std::vector<std::string>>& references) {
+  CORELM_CHECK(predictions.size() == references.size(), ValueError, "extract metrics: ", predictions.size(),
+               " predictions but ", references.size(), " reference sets");
+  ExtractMetrics m;
+  m.n = static_cast<int64_t>(predictions.size());
+  for (size_t i = 0; i < predictions.size(); ++i) {
+    CORELM_CHECK(!references[i].empty(), ValueError, "extract metrics: record ", i, " has no reference");
+    double em = 0, f1 = 0;
+    const std::string p = normalize_answer(predictions[i]);
+    for (const std::string& ref : references[i]) {
+      em = std::max(em, p == normalize_answer(ref) ? 1.0 : 0.0);
+      f1 = std::max(f1, token_f1(predictions[i], ref));
+    }
+    m.exact_match += em;
+    m.token_f1 += f1;
+  }
+  if (m.n) {
+    m.exact_match /= m.n;
+    m.token_f1 /= m.n;
+  }
+  return m;
+}
+
+nlohmann::ordered_json ExtractMetrics::to_json() const {
+  nlohmann::ordered_json j;
+  j["records"] = n;
+  j["exact_match"] = exact_match;
+  j["token_f1"] = token_f1;
+  return j;
 }
 
 }  // namespace corelm::pipeline

@@ -77,6 +77,48 @@ TEST(ClassifyMetrics, PerfectCalibratedAndBadInputs) {
   EXPECT_THROW(pipeline::classify_metrics(labels, {0}, {0}, {1.5}), ValueError);
 }
 
+TEST(ExtractMetrics, MatchAnIndependentSquadStyleComputation) {
+  if (!fs::exists(CORELM_TEST_PYTHON)) GTEST_SKIP() << "no oracle python at " << CORELM_TEST_PYTHON << " (make test sets it up)";
+  std::mt19937 rng(9);
+  const std::vector<std::string> vocab = {"The", "cat", "a", "Cat", "an", "mat", "sat,", "on", "the", "dog!", "New",
+                                          "York", "york.", "(UN)", "un", "  ", "3.5", "x"};
+  auto phrase = [&] {
+    std::string s;
+    for (int k = 0, n = static_cast<int>(rng() % 5); k < n; ++k) s += (k ? " " : "") + vocab[rng() % vocab.size()];
+    return s;
+  };
+  std::vector<std::string> preds;
+  std::vector<std::vector<std::string>> refs;
+  nlohmann::json pairs = nlohmann::json::array();
+  for (int i = 0; i < 400; ++i) {
+    preds.push_back(phrase());
+    refs.push_back({phrase()});
+    if (rng() % 3 == 0) refs.back().push_back(rng() % 2 ? preds.back() + "." : phrase());
+    pairs.push_back({preds.back(), refs.back()});
+  }
+  const fs::path dir = fs::temp_directory_path() / ("corelm_extract_metrics_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string in = (dir / "pairs.json").string();
+  std::ofstream(in) << nlohmann::json{{"pairs", pairs}}.dump();
+  const std::string out = python_json("extract_metrics_oracle.py", in);
+  fs::remove_all(dir);
+  ASSERT_FALSE(out.empty()) << "oracle failed";
+  const auto want = nlohmann::json::parse(out);
+  double em = 0, f1 = 0;
+  for (size_t i = 0; i < preds.size(); ++i) {
+    const auto one = pipeline::extract_metrics({preds[i]}, {refs[i]});
+    EXPECT_NEAR(one.exact_match, want[i][0].get<double>(), 1e-12) << preds[i] << " | " << refs[i][0];
+    EXPECT_NEAR(one.token_f1, want[i][1].get<double>(), 1e-12) << preds[i] << " | " << refs[i][0];
+    em += want[i][0].get<double>();
+    f1 += want[i][1].get<double>();
+  }
+  const auto all = pipeline::extract_metrics(preds, refs);
+  EXPECT_NEAR(all.exact_match, em / preds.size(), 1e-12);
+  EXPECT_NEAR(all.token_f1, f1 / preds.size(), 1e-12);
+  EXPECT_GT(all.exact_match, 0.0) << "the cases should include matches";
+  EXPECT_THROW(pipeline::extract_metrics({"a"}, {}), ValueError);
+}
+
 class EvalTaskTest : public PipelineTest {
  protected:
   pipeline::EvalTaskOptions options(const std::string& data) const {
@@ -130,6 +172,49 @@ TEST_F(EvalTaskTest, BadGoldLabelsAndEmptyDataAreErrorsNamingTheLine) {
   auto dup = options(path("unknown.jsonl"));
   dup.run.task.labels = {"sports", "sports"};
   EXPECT_THROW(pipeline::eval_classify(dup), ValueError);
+}
+
+}  // namespace
+}  // namespace corelm::testing
+
+namespace corelm::testing {
+namespace {
+
+TEST_F(EvalTaskTest, ExtractScoresTheGeneratedAnswersAndRefusesBadReferences) {
+  std::mt19937 rng(4);
+  std::string data;
+  for (int i = 0; i < 12; ++i)
+    data += nlohmann::json{{"text", words(rng, 5)}, {"label", i % 2 ? nlohmann::json("yes") : nlohmann::json({"no", "yes no"})}}
+                .dump() + "\n";
+  write_text(path("ex.jsonl"), data);
+  pipeline::EvalTaskOptions o;
+  o.run = classify_options(path("ex.jsonl"), path("kept"));
+  o.run.task.kind = pipeline::TaskKind::Extract;
+  o.run.task.labels.clear();
+  o.run.task.max_tokens = 3;
+  const auto r = pipeline::eval_extract(o);
+  EXPECT_EQ(r.extract.n, 12);
+  // The metrics are those of the run's own outputs against the references.
+  std::vector<std::string> preds;
+  std::vector<std::vector<std::string>> refs;
+  for (const auto& j : parse_lines(read_parts(path("kept")))) {
+    const int line = std::stoi(j["id"].get<std::string>().substr(j["id"].get<std::string>().rfind(':') + 1));
+    preds.push_back(j["text"].get<std::string>());
+    refs.push_back(line % 2 ? std::vector<std::string>{"no", "yes no"} : std::vector<std::string>{"yes"});
+  }
+  const auto want = pipeline::extract_metrics(preds, refs);
+  EXPECT_DOUBLE_EQ(r.extract.exact_match, want.exact_match);
+  EXPECT_DOUBLE_EQ(r.extract.token_f1, want.token_f1);
+
+  write_text(path("badref.jsonl"), "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": 3}\n");
+  o.run.inputs = {path("badref.jsonl")};
+  o.run.out = "";
+  try {
+    pipeline::eval_extract(o);
+    ADD_FAILURE() << "a numeric reference passed";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("badref.jsonl:2: reference field 'label'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
