@@ -19,11 +19,6 @@ std::unique_ptr<Tokenizer> make_llama2c_tokenizer(io::Llama2cTokenizer vocab, co
 // Tokenizer::load, plus llama2.c tokenizer.bin files (any other *.bin) sized to `vocab_size`.
 std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path, int64_t vocab_size);
 
-// Index of the first NaN or infinity among n floats, or n (the load-time weight check).
-size_t first_non_finite(const float* p, size_t n);
-// Copies n floats and returns first_non_finite of them, block by block (one pass over memory).
-size_t copy_checking_finite(const float* src, float* dst, size_t n);
-
 // Files a model directory is made of (config, weights, tokenizer, generation config): what a
 // replaced model directory drops. Anything else there (README.md, LICENSE, .git, ...) is kept.
 bool is_model_file(const std::string& name);

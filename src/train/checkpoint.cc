@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +23,7 @@
 
 #include "corelm/durable.h"
 #include "corelm/error.h"
+#include "corelm/finite.h"
 #include "corelm/safetensors.h"
 #include "corelm/train.h"
 #include "train/checkpoint_internal.h"
@@ -67,13 +67,12 @@ void check_step(const io::SafetensorsFile& f, int64_t step) {
                " but trainer_state.json says ", step, " (checkpoint interrupted while saving?)");
 }
 
-// Index of the first non-finite element of `t` (f32), or -1.
-int64_t first_non_finite(const Tensor& t) {
+// Index of the first non-finite element of `t` (f32), or -1 (the load-time weight check's scan).
+int64_t first_non_finite_in(const Tensor& t) {
   const Tensor c = t.contiguous();
-  const float* d = c.data<float>();
-  for (int64_t i = 0, n = c.numel(); i < n; ++i)
-    if (!std::isfinite(d[i])) return i;
-  return -1;
+  const size_t n = static_cast<size_t>(c.numel());
+  const size_t at = first_non_finite(c.data<float>(), n);
+  return at == n ? -1 : static_cast<int64_t>(at);
 }
 
 // `name` at the top of out_dir becomes a hard link to the step folder's file: link under a temp
@@ -130,7 +129,7 @@ std::string detail::save_checkpoint_bytes(const std::string& out_dir, const mode
   for (size_t i = 0; i < params.size(); ++i) {
     for (const auto& [what, t] : {std::pair<const char*, const Tensor*>{"weight", &params[i].second},
                                   {"AdamW exp_avg", &exp_avg[i]}, {"AdamW exp_avg_sq", &exp_avg_sq[i]}}) {
-      const int64_t bad = first_non_finite(*t);
+      const int64_t bad = first_non_finite_in(*t);
       if (bad >= 0)
         throw TrainingDiverged("train: " + std::string(what) + " '" + params[i].first + "' holds a non-finite value " +
                                "(element " + std::to_string(bad) + ") at step " + std::to_string(state.step) +

@@ -21,7 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli_runner.h"
+#include "common/process_limits.h"
 #include "corelm/error.h"
+#include "corelm/finite.h"
 #include "corelm/gguf.h"
 #include "corelm/model_dir.h"
 #include "corelm/model_loader.h"
@@ -41,11 +43,7 @@ namespace {
 
 // Under AddressSanitizer an address-space limit cannot be set (the shadow memory alone needs
 // terabytes of it) and timings mean nothing: those checks are left to the plain build.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = corelm::testing::kAddressSanitizer;
 long as_limit(long bytes) { return kSanitized ? -1 : bytes; }
 CliOptions within(double seconds) {
   CliOptions o;
@@ -395,7 +393,7 @@ TEST_F(ModelFaults, NonFiniteCheckIsASmallPartOfTheLoad) {
   size_t n = 0, bad = 0;
   for (const auto& [name, p] : ck.model.decoder.named_parameters()) {
     const size_t k = static_cast<size_t>(p.numel());
-    bad += model::detail::first_non_finite(p.data<float>(), k) != k;
+    bad += first_non_finite(p.data<float>(), k) != k;
     n += k;
   }
   const double scan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -407,7 +405,7 @@ TEST_F(ModelFaults, NonFiniteCheckIsASmallPartOfTheLoad) {
     size_t at = 0;
     for (const auto& [name, p] : ck.model.decoder.named_parameters()) {
       const size_t k = static_cast<size_t>(p.numel());
-      if (checked) bad += model::detail::copy_checking_finite(p.data<float>(), scratch.data() + at, k) != k;
+      if (checked) bad += copy_checking_finite(p.data<float>(), scratch.data() + at, k) != k;
       else std::memcpy(scratch.data() + at, p.data<float>(), k * sizeof(float));
       at += k;
     }
