@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +40,29 @@ struct CliOptions {
 
 inline std::string corelm_path() { return std::string(CORELM_BINARY_DIR) + "/corelm"; }
 
+// In a forked child: applies opt's limits and environment, then execs `program args...` (no shell;
+// program "" means the corelm binary). Never returns (exit 127 when the exec fails).
+[[noreturn]] inline void exec_child(const std::string& program, const std::vector<std::string>& args,
+                                    const CliOptions& opt) {
+  if (opt.fsize_limit >= 0) {
+    ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG instead of killing
+    rlimit r{static_cast<rlim_t>(opt.fsize_limit), static_cast<rlim_t>(opt.fsize_limit)};
+    ::setrlimit(RLIMIT_FSIZE, &r);
+  }
+  if (opt.as_limit >= 0) {
+    rlimit r{static_cast<rlim_t>(opt.as_limit), static_cast<rlim_t>(opt.as_limit)};
+    ::setrlimit(RLIMIT_AS, &r);
+  }
+  for (const auto& e : opt.env) ::putenv(const_cast<char*>(e.c_str()));
+  std::vector<std::string> full{program.empty() ? corelm_path() : program};
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  ::_exit(127);
+}
+
 // Runs `program args...` (no shell). program "" means the corelm binary.
 inline CliResult run_program(const std::string& program, const std::vector<std::string>& args,
                              const CliOptions& opt = {}) {
@@ -51,23 +75,7 @@ inline CliResult run_program(const std::string& program, const std::vector<std::
     ::dup2(out_p[1], 1);
     ::dup2(err_p[1], 2);
     for (int fd : {in_p[0], in_p[1], out_p[0], out_p[1], err_p[0], err_p[1]}) ::close(fd);
-    if (opt.fsize_limit >= 0) {
-      ::signal(SIGXFSZ, SIG_IGN);
-      rlimit r{static_cast<rlim_t>(opt.fsize_limit), static_cast<rlim_t>(opt.fsize_limit)};
-      ::setrlimit(RLIMIT_FSIZE, &r);
-    }
-    if (opt.as_limit >= 0) {
-      rlimit r{static_cast<rlim_t>(opt.as_limit), static_cast<rlim_t>(opt.as_limit)};
-      ::setrlimit(RLIMIT_AS, &r);
-    }
-    for (const auto& e : opt.env) ::putenv(const_cast<char*>(e.c_str()));
-    std::vector<std::string> full{program.empty() ? corelm_path() : program};
-    full.insert(full.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : full) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
+    exec_child(program, args, opt);
   }
   ::close(in_p[0]);
   ::close(out_p[1]);
@@ -114,13 +122,38 @@ inline CliResult run_corelm(const std::vector<std::string>& args, const CliOptio
   return run_program("", args, opt);
 }
 
+// Starts `corelm args...` (or `program args...`) in the background, stdout and stderr to `log`;
+// returns its pid for wait_exit (or a kill first).
+inline pid_t spawn_corelm(const std::vector<std::string>& args, const std::string& log, long fsize_limit = -1,
+                          const std::vector<std::string>& extra_env = {}, const std::string& program = "") {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (FILE* f = std::fopen(log.c_str(), "w")) {
+      ::dup2(fileno(f), 1);
+      ::dup2(fileno(f), 2);
+    }
+    CliOptions opt;
+    opt.fsize_limit = fsize_limit;
+    opt.env = extra_env;
+    exec_child(program, args, opt);
+  }
+  return pid;
+}
+
+// The exit code of a spawned child, or 128 + the signal that ended it.
+inline int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // True when a program is on PATH (for tests that skip without strace, mount privileges, ...).
 inline bool have_program(const std::string& name) {
   return std::system(("command -v " + name + " > /dev/null 2>&1").c_str()) == 0;
 }
 
 // A whole file's bytes ("" when it cannot be read).
-inline std::string slurp(const std::string& path) {
+inline std::string slurp(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }

@@ -158,23 +158,10 @@ TEST_F(TrainFaults, KillAtRandomMomentsThenResume) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     const std::string out = fresh_copy(d, "r" + std::to_string(attempt));
     const auto train_args = args(out, 8, {"--resume", "--save-every", "1"});
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      std::vector<std::string> full{corelm::testing::corelm_path()};
-      full.insert(full.end(), train_args.begin(), train_args.end());
-      std::vector<char*> argv;
-      for (auto& s : full) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      const int devnull = ::open("/dev/null", O_WRONLY);
-      ::dup2(devnull, 1);
-      ::dup2(devnull, 2);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
+    const pid_t pid = corelm::testing::spawn_corelm(train_args, "/dev/null");
     std::this_thread::sleep_for(std::chrono::milliseconds(60 + 70 * attempt));
     ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    corelm::testing::wait_exit(pid);
     expect_recovers(out, "random kill " + std::to_string(attempt), train_args, base_ck(), ref_weights(), false);
   }
 }

@@ -1,6 +1,6 @@
 // Shared set-up for the pipeline tests: a tiny random decoder with a byte-level BPE tokenizer
 // trained in the test, saved as a model directory; a JSONL corpus; helpers to read an output
-// directory back and to run the real `corelm` binary as a child process.
+// directory back; the real `corelm` binary runs as a child process through common/cli_runner.h.
 #pragma once
 #include <signal.h>
 #include <spawn.h>
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_runner.h"
 #include "corelm/model.h"
 #include "corelm/model_dir.h"
 #include "corelm/pipeline.h"
@@ -26,13 +27,6 @@
 
 namespace corelm::testing {
 namespace fs = std::filesystem;
-
-inline std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 inline void write_text(const fs::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary);
@@ -139,42 +133,6 @@ inline std::vector<nlohmann::json> parse_lines(const std::string& text) {
   while (std::getline(in, line))
     if (!line.empty()) out.push_back(nlohmann::json::parse(line));
   return out;
-}
-
-inline std::string corelm_binary() { return std::string(CORELM_BINARY_DIR) + "/corelm"; }
-
-// Starts `corelm args...` (stdout/stderr to `log`); returns its pid.
-inline pid_t spawn_corelm(const std::vector<std::string>& args, const std::string& log, long fsize_limit = -1,
-                          const std::vector<std::string>& extra_env = {}, const std::string& program = "") {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    if (fsize_limit >= 0) {
-      ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG instead of killing
-      rlimit r{static_cast<rlim_t>(fsize_limit), static_cast<rlim_t>(fsize_limit)};
-      ::setrlimit(RLIMIT_FSIZE, &r);
-    }
-    FILE* f = std::fopen(log.c_str(), "w");
-    if (f) {
-      ::dup2(fileno(f), 1);
-      ::dup2(fileno(f), 2);
-    }
-    for (const auto& e : extra_env) ::putenv(const_cast<char*>(e.c_str()));
-    std::vector<std::string> full;
-    full.push_back(program.empty() ? corelm_binary() : program);
-    full.insert(full.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : full) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-inline int wait_exit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace corelm::testing

@@ -15,7 +15,7 @@ namespace {
 class BenchCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(corelm_binary())) GTEST_SKIP() << corelm_binary() << " is not built (build target corelm_cli)";
+    if (!fs::exists(corelm_path())) GTEST_SKIP() << corelm_path() << " is not built (build target corelm_cli)";
     dir_ = fs::temp_directory_path() / ("corelm_bench_cli_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
   }

@@ -15,7 +15,7 @@ namespace {
 class PipelineProcessTest : public PipelineTest {
  protected:
   void SetUp() override {
-    if (!fs::exists(corelm_binary())) GTEST_SKIP() << corelm_binary() << " is not built (build target corelm_cli)";
+    if (!fs::exists(corelm_path())) GTEST_SKIP() << corelm_path() << " is not built (build target corelm_cli)";
     PipelineTest::SetUp();
   }
   std::vector<std::string> classify_args(const std::string& input, const std::string& out) const {
@@ -85,7 +85,7 @@ TEST_F(PipelineProcessTest, TwoMpiRanksEqualOneProcess) {
   write_text(path("a.jsonl"), corpus_jsonl(70, 20, 31));
   write_text(path("b.jsonl"), corpus_jsonl(50, 20, 32));
   ASSERT_EQ(run_to_end(classify_args(path("*.jsonl"), path("one")), path("one.log")), 0) << slurp(path("one.log"));
-  std::vector<std::string> args{"-np", "2", "--oversubscribe", corelm_binary()};
+  std::vector<std::string> args{"-np", "2", "--oversubscribe", corelm_path()};
   for (const auto& a : classify_args(path("*.jsonl"), path("mpi"))) args.push_back(a);
   // Under ASan, OpenMPI's own allocations (libmpi and plugins it has already unloaded) are
   // reported as leaks at exit; leak checking of our code is done by the one-process run above.
