@@ -19,6 +19,15 @@ struct EvalTaskArgs {
   bool json = false;
 };
 
+// One JSON line: the task's metrics plus what every task reports about its run.
+void print_json(nlohmann::ordered_json j, const std::string& task, const pipeline::EvalTaskResult& r) {
+  j["task"] = task;
+  j["error_records"] = r.run.errors;
+  j["input_tokens"] = r.run.input_tokens;
+  j["tokens_per_s"] = r.run.tokens_per_s;
+  std::cout << j.dump() << "\n";
+}
+
 void run(EvalTaskArgs& a) {
   pipeline::TaskSpec& t = a.opt.run.task;
   t.kind = pipeline::parse_task_kind(a.task);
@@ -26,17 +35,12 @@ void run(EvalTaskArgs& a) {
   for (auto& s : t.stop) s = unescape(s);
   if (t.kind == pipeline::TaskKind::Extract) {
     const pipeline::EvalTaskResult r = pipeline::eval_extract(a.opt);
-    nlohmann::ordered_json j = r.extract.to_json();
-    j["task"] = a.task;
-    j["error_records"] = r.error_records;
-    j["input_tokens"] = r.run.input_tokens;
-    j["tokens_per_s"] = r.run.tokens_per_s;
     if (a.json) {
-      std::cout << j.dump() << "\n";
+      print_json(r.extract.to_json(), a.task, r);
     } else {
       std::printf("records %lld  exact match %.4f  token F1 %.4f  %.0f input tokens/s  (%lld error records)\n",
                   static_cast<long long>(r.extract.n), r.extract.exact_match, r.extract.token_f1, r.run.tokens_per_s,
-                  static_cast<long long>(r.error_records));
+                  static_cast<long long>(r.run.errors));
     }
     return;
   }
@@ -44,17 +48,12 @@ void run(EvalTaskArgs& a) {
   const pipeline::EvalTaskResult r = pipeline::eval_classify(a.opt);
   const pipeline::ClassifyMetrics& m = r.metrics;
   if (a.json) {
-    nlohmann::ordered_json j = m.to_json();
-    j["task"] = a.task;
-    j["error_records"] = r.error_records;
-    j["input_tokens"] = r.run.input_tokens;
-    j["tokens_per_s"] = r.run.tokens_per_s;
-    std::cout << j.dump() << "\n";
+    print_json(m.to_json(), a.task, r);
     return;
   }
   std::printf("records %lld  accuracy %.4f  macro-F1 %.4f  ECE(%d bins) %.4f  %.0f input tokens/s  (%lld error records)\n",
               static_cast<long long>(m.n), m.accuracy, m.macro_f1, m.bins, m.ece, r.run.tokens_per_s,
-              static_cast<long long>(r.error_records));
+              static_cast<long long>(r.run.errors));
   std::printf("%-16s %9s %9s %9s %8s\n", "label", "precision", "recall", "f1", "support");
   for (size_t k = 0; k < m.labels.size(); ++k)
     std::printf("%-16s %9.4f %9.4f %9.4f %8lld\n", m.labels[k].c_str(), m.precision[k], m.recall[k], m.f1[k],

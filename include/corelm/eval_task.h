@@ -54,8 +54,7 @@ struct EvalTaskOptions {
 struct EvalTaskResult {
   ClassifyMetrics metrics;   // classify
   ExtractMetrics extract;    // extract
-  RunSummary run;
-  int64_t error_records = 0;  // records the runner could not score (too long, bad JSON): not in metrics
+  RunSummary run;  // run.errors: records the runner could not score (too long, bad JSON), not in the metrics
 };
 
 // ValueError naming FILE:LINE for a record without a gold label or with one outside --labels, and

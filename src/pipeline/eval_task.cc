@@ -16,9 +16,19 @@
 #include "corelm/error.h"
 #include "corelm/utf8.h"
 #include "pipeline/input.h"
+#include "pipeline/output_dir.h"
 
 namespace corelm::pipeline {
 namespace fs = std::filesystem;
+
+namespace {
+
+// The harmonic mean of precision and recall (0 when both are 0): per-label F1 and token F1.
+double f1_of(double precision, double recall) {
+  return precision + recall > 0 ? 2 * precision * recall / (precision + recall) : 0;
+}
+
+}  // namespace
 
 ClassifyMetrics classify_metrics(const std::vector<std::string>& labels, const std::vector<int>& gold,
                                  const std::vector<int>& pred, const std::vector<double>& confidence, int bins) {
@@ -62,7 +72,7 @@ ClassifyMetrics classify_metrics(const std::vector<std::string>& labels, const s
     const double tp = static_cast<double>(m.confusion[k][k]);
     m.precision[k] = predicted ? tp / predicted : 0;
     m.recall[k] = m.support[k] ? tp / m.support[k] : 0;
-    m.f1[k] = m.precision[k] + m.recall[k] > 0 ? 2 * m.precision[k] * m.recall[k] / (m.precision[k] + m.recall[k]) : 0;
+    m.f1[k] = f1_of(m.precision[k], m.recall[k]);
     m.macro_f1 += m.f1[k] / L;
   }
   return m;
@@ -106,16 +116,6 @@ struct TempDir {
   }
 };
 
-std::vector<fs::path> files_with(const std::string& dir, const std::string& stem) {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.starts_with(stem) && n.ends_with(".jsonl")) out.push_back(e.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 }  // namespace
 
 namespace {
@@ -155,8 +155,10 @@ RunSummary run_and_read(RunOptions o, Fn fn) {
   }
   RunSummary summary = run(o);
   CORELM_CHECK(summary.complete, IOError, "eval-task: the run over ", o.out, " is not complete");
-  for (const fs::path& part : files_with(o.out, "part-")) {
+  for (int64_t c = 0; c < summary.chunks_total; ++c) {
+    const fs::path part = fs::path(o.out) / part_name(c);
     std::ifstream in(part);
+    CORELM_CHECK(in.good(), IOError, "eval-task: ", part.string(), ": cannot open the run's output");
     std::string line;
     while (std::getline(in, line))
       if (!line.empty()) fn(nlohmann::json::parse(line));
@@ -197,7 +199,6 @@ EvalTaskResult eval_classify(const EvalTaskOptions& options) {
     pred.push_back(label_index.at(label));
     conf.push_back(std::clamp(j.at("probs").at(label).get<double>(), 0.0, 1.0));
   });
-  r.error_records = r.run.errors;
   r.metrics = classify_metrics(o.task.labels, gold, pred, conf);
   return r;
 }
@@ -225,7 +226,6 @@ EvalTaskResult eval_extract(const EvalTaskOptions& options) {
     preds.push_back(j.value("text", std::string()));
     refs.push_back(g->second);
   });
-  r.error_records = r.run.errors;
   r.extract = extract_metrics(preds, refs);
   return r;
 }
@@ -258,9 +258,7 @@ double token_f1(const std::string& prediction, const std::string& reference) {
     auto it = rc.find(w);
     if (it != rc.end()) common += std::min(c, it->second);
   }
-  if (common == 0) return 0.0;
-  const double precision = static_cast<double>(common) / np, recall = static_cast<double>(common) / nr;
-  return 2 * precision * recall / (precision + recall);
+  return f1_of(static_cast<double>(common) / np, static_cast<double>(common) / nr);
 }
 
 ExtractMetrics extract_metrics(const std::vector<std::string>& predictions,
