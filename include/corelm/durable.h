@@ -54,6 +54,14 @@ void fsync_dir(const std::string& dir);
 // Unique temp name beside `target`: "<parent>/.<name>.<tag>.<pid>.<n>".
 std::string unique_sibling(const std::string& target, const std::string& tag);
 
+// The pid in a temp name that AtomicWriter ("<name>.tmp.<pid>.<n>") or unique_sibling
+// (".<name>.<tag>.<pid>.<n>") made, given the part of the name before the pid; 0 when the name
+// does not start with that prefix or no pid follows it (digits, then '.' or the end).
+long temp_writer_pid(const std::string& file_name, const std::string& prefix);
+
+// True while a process with this pid runs on this host (signal 0 delivered, or refused with EPERM).
+bool process_alive(long pid);
+
 // A folder written as a whole. Files go into path() (a fresh folder beside the target); commit()
 // fsyncs every file and the folder, then renames it onto the target: when the target exists the
 // two are swapped in one step (renameat2 RENAME_EXCHANGE) and the old content is removed after,

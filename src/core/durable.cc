@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -192,6 +193,18 @@ bool create_file_exclusive(const std::string& path, const std::string& bytes) {
   fail("cannot create", path, err);
 }
 
+long temp_writer_pid(const std::string& file_name, const std::string& prefix) {
+  if (!file_name.starts_with(prefix)) return 0;
+  size_t i = prefix.size(), end = i;
+  while (end < file_name.size() && end - i < 10 && file_name[end] >= '0' && file_name[end] <= '9') ++end;
+  if (end == i || (end < file_name.size() && file_name[end] != '.')) return 0;
+  return std::strtol(file_name.c_str() + i, nullptr, 10);
+}
+
+bool process_alive(long pid) {
+  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
 // ---- StagedDir ----------------------------------------------------------------------------
 
 StagedDir::StagedDir(std::string target, bool seed_from_target) : target_(std::move(target)) {
@@ -264,8 +277,7 @@ std::string LockHolder::describe() const {
 }
 
 bool LockHolder::alive_here() const {
-  if (pid <= 0 || host != host_name()) return false;
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
+  if (host != host_name() || !process_alive(pid)) return false;
   return start_ticks == 0 || start_ticks_of(pid) == start_ticks;
 }
 

@@ -2,9 +2,7 @@
 // way corelm replaces one: a staged folder swapped in whole (see model_dir.h).
 #include "corelm/model_dir.h"
 
-#include <signal.h>
 
-#include <cerrno>
 #include <filesystem>
 
 #include "corelm/durable.h"
@@ -50,16 +48,8 @@ void remove_dead_writers_litter(const fs::path& target) {
     for (const std::string tag : {".staging.", ".old."}) {
       const std::string prefix = "." + name + tag;
       if (!n.starts_with(prefix)) continue;
-      const std::string rest = n.substr(prefix.size());
-      const size_t dot = rest.find('.');
-      if (dot == 0 || dot == std::string::npos) continue;
-      long pid = 0;
-      try {
-        pid = std::stol(rest.substr(0, dot));
-      } catch (const std::exception&) {
-        continue;
-      }
-      if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) fs::remove_all(e.path(), ec);
+      const long pid = temp_writer_pid(n, prefix);
+      if (pid > 0 && !process_alive(pid)) fs::remove_all(e.path(), ec);
     }
   }
 }

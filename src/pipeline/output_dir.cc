@@ -1,7 +1,6 @@
 #include "pipeline/output_dir.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -176,7 +175,8 @@ std::map<int64_t, ChunkStats> OutputDir::done() const {
 }
 
 void OutputDir::discard_temps(const std::vector<int64_t>& chunks) const {
-  // AtomicWriter's temp names are ".<name>.tmp.<pid>.<n>" (older versions: "<name>.tmp.<pid>").
+  // AtomicWriter's temp names are "<name>.tmp.<pid>.<n>"; a hidden ".<name>.tmp.<pid>.<n>" is
+  // matched too.
   std::set<std::string> prefixes;
   for (int64_t c : chunks)
     for (const std::string& n : {part_name(c), errors_name(c)}) {
@@ -189,8 +189,8 @@ void OutputDir::discard_temps(const std::vector<int64_t>& chunks) const {
     if (at == std::string::npos || !prefixes.count(name.substr(0, at + 5))) continue;
     // The same shard run twice at once (a restart while the old process still lives): leave the
     // temp file a live writer on this host is about to rename. The pid follows ".tmp.".
-    const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
-    if (pid > 0 && pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;
+    const long pid = temp_writer_pid(name, name.substr(0, at + 5));
+    if (pid != ::getpid() && process_alive(pid)) continue;
     std::error_code ec;
     fs::remove(e.path(), ec);  // another process may have removed it first
   }

@@ -187,3 +187,18 @@ TEST(Utf8, ValidatesEscapesAndNamesTheField) {
     EXPECT_EQ(std::string(e.what()), "--labels entry 2 is not valid UTF-8 (byte 0xFE at offset 2)");
   }
 }
+
+TEST(Durable, TempNamesGiveTheirWriterAndLivenessIsChecked) {
+  EXPECT_EQ(corelm::temp_writer_pid("part-00000001.jsonl.tmp.4242.7", "part-00000001.jsonl.tmp."), 4242);
+  EXPECT_EQ(corelm::temp_writer_pid(".model.staging.17.0", ".model.staging."), 17);
+  EXPECT_EQ(corelm::temp_writer_pid(".model.staging.17", ".model.staging."), 17);
+  EXPECT_EQ(corelm::temp_writer_pid(".model.staging.x1.0", ".model.staging."), 0);
+  EXPECT_EQ(corelm::temp_writer_pid(".model.staging.12a", ".model.staging."), 0);
+  EXPECT_EQ(corelm::temp_writer_pid("other.tmp.5.1", "part.tmp."), 0);
+  EXPECT_TRUE(corelm::process_alive(::getpid()));
+  EXPECT_FALSE(corelm::process_alive(0));
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_FALSE(corelm::process_alive(pid)) << "a reaped child is gone";
+}
