@@ -332,3 +332,52 @@ TEST_F(PipelineFaultTest, EmptyRegexAndStopAreRefused) {
 
 }  // namespace
 }  // namespace corelm::testing
+
+namespace corelm::testing {
+namespace {
+
+// eval-task's input (issue 14): bad gold data is a clear error naming the line, never a score
+// over part of the data; a damaged compressed input fails as `run` does.
+TEST_F(PipelineFaultTest, EvalTaskRefusesBadGoldDataNamingTheLine) {
+  auto eval = [&](const std::string& data, std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = {"eval-task", "--model", model_, "--data", data, "--labels", "sports,business"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_corelm(a, limit(60));
+  };
+  write_text(path("good.jsonl"), "{\"text\": \"the team won\", \"label\": \"sports\"}\n{\"text\": \"prices fell\", \"label\": \"business\"}\n");
+  const CliResult ok = eval(path("good.jsonl"), {"--json"});
+  ASSERT_EQ(ok.rc, 0) << ok.all();
+  EXPECT_EQ(nlohmann::json::parse(ok.out)["records"], 2);
+
+  write_text(path("unknown.jsonl"), "{\"text\": \"a\", \"label\": \"sports\"}\n{\"text\": \"b\", \"label\": \"world\"}\n");
+  CliResult r = eval(path("unknown.jsonl"));
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find("unknown.jsonl:2: gold label 'world' is not one of --labels"), std::string::npos) << r.err;
+
+  write_text(path("nolabel.jsonl"), "{\"text\": \"a\"}\n");
+  r = eval(path("nolabel.jsonl"));
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find("nolabel.jsonl:1: no gold label field 'label'"), std::string::npos) << r.err;
+
+  write_text(path("empty.jsonl"), "");
+  r = eval(path("empty.jsonl"));
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find("no labelled record"), std::string::npos) << r.err;
+
+  r = eval(path("good.jsonl"), {"--labels", "sports,sports"});
+  EXPECT_EQ(r.rc, 1) << r.all();
+
+  // A cut gzip: the error of the reader, naming the file and offset.
+  std::string big;
+  for (int i = 0; i < 300; ++i) big += "{\"text\": \"the team won game " + std::to_string(i) + "\", \"label\": \"sports\"}\n";
+  write_text(path("g.jsonl"), big);
+  ASSERT_EQ(std::system(("gzip -kf " + path("g.jsonl")).c_str()), 0);
+  const std::string gz = slurp(path("g.jsonl.gz"));
+  write_text(path("cut.jsonl.gz"), gz.substr(0, gz.size() / 2));
+  r = eval(path("cut.jsonl.gz"));
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find("truncated gzip stream"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace corelm::testing
