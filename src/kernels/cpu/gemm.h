@@ -7,6 +7,8 @@
 // count. Kernels therefore block over M and N freely but reduce over K in one fixed order.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "corelm/isa.h"
@@ -17,6 +19,50 @@ namespace corelm::kernels {
 //   C[M, N] = alpha * op(A) * op(B) + beta * C.
 void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// bf16 GEMM for training products: C[M, N] = op(bf16(A)) * op(bf16(B)) with fp32 accumulation
+// (accumulate: C += that product), op() as for gemm_f32; every operand value is rounded to bf16
+// nearest-even (NaN stays NaN) as ops::detail::rounded_to_bf16 does, A, B and C are fp32. The
+// contract is reference/gemm_bf16.h; the result equals it within fp32 accumulation error. Batch
+// invariant as above (one fixed K order, an odd K is padded with a zero pair), thread pool as
+// gemm_f32. Kernel by active_isa(): vdpbf16ps on K-pair-interleaved panels (Avx512Bf16, Amx), the
+// rounded operands through gemm_f32 on Avx2/Avx512, the scalar reference on Reference.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate = false);
+
+// The kernel bf16-compute training uses for its products, chosen once per process:
+//   Rounded  operands rounded to bf16 into fp32 copies, multiplied by gemm_f32 (any CPU)
+//   Dpbf16   gemm_bf16 on vdpbf16ps (needs active_isa() >= Avx512Bf16)
+// (CORELM_BF16_GEMM also spells amx: no AMX tile GEMM exists yet, so it is refused by name.)
+enum class Bf16Gemm { Rounded, Dpbf16 };
+const char* bf16_gemm_name(Bf16Gemm k);        // "rounded" | "dpbf16"
+Bf16Gemm parse_bf16_gemm(std::string_view name);  // ValueError naming the accepted values
+bool bf16_gemm_supported(Bf16Gemm k);          // on this CPU under active_isa()
+
+// The selection rule, by measured peaks and never by vendor name: vdpbf16ps when its peak is at
+// least kBf16GemmMinSpeedup times the fp32 FMA peak (AMD Zen4/Zen5 issue it at the full rate:
+// 485 vs 263 GFLOP/s measured on a Zen5 core), else the rounded fp32 path (on Intel cores before
+// AMX it issues at half the FMA rate, so a bf16 GEMM would be slower than fp32).
+inline constexpr double kBf16GemmMinSpeedup = 1.3;
+struct Bf16GemmPeaks {
+  double fp32_gflops = 0, dpbf16_gflops = 0;  // 0: not available
+};
+Bf16Gemm choose_bf16_gemm(const Bf16GemmPeaks& peaks);
+
+struct Bf16GemmChoice {
+  Bf16Gemm kernel = Bf16Gemm::Rounded;
+  Bf16GemmPeaks peaks;     // measured (zeros when the choice was not measured)
+  std::string source;      // "measured", "CORELM_BF16_GEMM" or "set" (set_bf16_gemm)
+};
+// The process's choice: CORELM_BF16_GEMM=auto|dpbf16|rounded (auto or unset: measure ~3 ms of
+// each peak on the calling core, then choose_bf16_gemm) on first use, or what set_bf16_gemm
+// stored. ValueError for an unknown value or a kernel this CPU lacks.
+Bf16GemmChoice bf16_gemm_choice();
+// What bf16_gemm_choice() decides for the knob's value `env` (null or "" as unset), uncached.
+Bf16GemmChoice resolve_bf16_gemm(const char* env);
+// Fixes the choice (a resumed training run uses the kernel it started with, whatever a new
+// measurement would say). ValueError if !bf16_gemm_supported(k).
+void set_bf16_gemm(Bf16Gemm k);
 
 // A linear layer's weight W [N, K] (nn.Linear layout: out_features x in_features), packed once at
 // load into bf16 in the layout the kernel for `isa` wants. The layout is private to the kernels.

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_paths.h"
 #include "kernels/cpu/reference/gemm.h"
+#include "kernels/cpu/reference/gemm_bf16.h"
 #include "kernels/cpu/tile_emulation.h"
 
 namespace corelm::kernels {
@@ -194,6 +197,155 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
     const int64_t n1 = n0 + kGemmColBlock < N ? n0 + kGemmColBlock : N;
     kernel(g, m0, m1, n0, n1, static_cast<float*>(scratch().get(pack_bytes)));
   });
+}
+
+namespace {
+
+// A rows x cols fp32 matrix (row stride ld) rounded to bf16 values, contiguous.
+std::vector<float> rounded_copy(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = bf16_to_float(float_to_bf16(x[i * ld + j]));
+  return out;
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  CORELM_CHECK(M >= 0 && N >= 0 && K >= 0, ValueError, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  const Isa isa = active_isa();
+  if (isa == Isa::Reference)
+    return reference::gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+  if (static_cast<int>(isa) < static_cast<int>(Isa::Avx512Bf16)) {
+    // No bf16 dot product: the same contract as rounded fp32 operands (a product of two bf16
+    // values is exact in fp32).
+    const std::vector<float> a = trans_a ? rounded_copy(A, K, M, lda) : rounded_copy(A, M, K, lda);
+    const std::vector<float> b = trans_b ? rounded_copy(B, N, K, ldb) : rounded_copy(B, K, N, ldb);
+    return gemm_f32(trans_a, trans_b, M, N, K, 1.0f, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N,
+                    accumulate ? 1.0f : 0.0f, C, ldc);
+  }
+  GemmBf16Args g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.kp = (K + 1) / 2 * 2;
+  g.A = A;
+  g.lda = lda;
+  g.B = B;
+  g.ldb = ldb;
+  g.C = C;
+  g.ldc = ldc;
+  g.accumulate = accumulate;
+  const int64_t col_blocks = blocks(N, kGemmColBlock);
+  const size_t bytes = static_cast<size_t>(gemm_bf16_scratch_bytes(g.kp));
+  // As in run_packed_linear: a thread rounds a row block of op(A) once per call and reuses it for
+  // the later column blocks it runs (tasks go column block fastest).
+  static std::atomic<uint64_t> calls{0};
+  const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  run_tasks(blocks(M, kGemmRowBlock) * col_blocks, [&](int64_t t) {
+    const int64_t m0 = (t / col_blocks) * kGemmRowBlock, n0 = (t % col_blocks) * kGemmColBlock;
+    const int64_t m1 = m0 + kGemmRowBlock < M ? m0 + kGemmRowBlock : M;
+    const int64_t n1 = n0 + kGemmColBlock < N ? n0 + kGemmColBlock : N;
+    thread_local Scratch own;  // not scratch(): linear_bf16's reuse check must not see this buffer
+    thread_local uint64_t rounded_call = 0;
+    thread_local int64_t rounded_m0 = -1;
+    thread_local void* rounded_buf = nullptr;
+    void* buf = own.get(bytes);
+    const bool ready = rounded_call == call && rounded_m0 == m0 && buf == rounded_buf;
+    avx512_bf16::gemm_bf16_block(g, m0, m1, n0, n1, buf, ready);
+    rounded_call = call;
+    rounded_m0 = m0;
+    rounded_buf = buf;
+  });
+}
+
+const char* bf16_gemm_name(Bf16Gemm k) {
+  switch (k) {
+    case Bf16Gemm::Rounded: return "rounded";
+    case Bf16Gemm::Dpbf16: return "dpbf16";
+  }
+  return "?";
+}
+
+Bf16Gemm parse_bf16_gemm(std::string_view name) {
+  if (name == "rounded") return Bf16Gemm::Rounded;
+  if (name == "dpbf16") return Bf16Gemm::Dpbf16;
+  if (name == "amx")
+    throw ValueError("bf16 GEMM kernel 'amx': no AMX tile GEMM for training exists yet (expected auto, dpbf16 "
+                     "or rounded)");
+  throw ValueError("unknown bf16 GEMM kernel '" + std::string(name) + "' (expected auto, dpbf16 or rounded)");
+}
+
+bool bf16_gemm_supported(Bf16Gemm k) {
+  return k == Bf16Gemm::Rounded || static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx512Bf16);
+}
+
+Bf16Gemm choose_bf16_gemm(const Bf16GemmPeaks& peaks) {
+  if (peaks.dpbf16_gflops > 0 && peaks.dpbf16_gflops >= kBf16GemmMinSpeedup * peaks.fp32_gflops)
+    return Bf16Gemm::Dpbf16;
+  return Bf16Gemm::Rounded;
+}
+
+namespace {
+
+std::mutex& choice_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::optional<Bf16GemmChoice>& choice_slot() {
+  static std::optional<Bf16GemmChoice> c;
+  return c;
+}
+
+}  // namespace
+
+Bf16GemmChoice resolve_bf16_gemm(const char* env) {
+  Bf16GemmChoice c;
+  if (env && *env && std::string_view(env) != "auto") {
+    Bf16Gemm k;
+    try {
+      k = parse_bf16_gemm(env);
+    } catch (const ValueError& e) {
+      throw ValueError(std::string("CORELM_BF16_GEMM: ") + e.what());
+    }
+    CORELM_CHECK(bf16_gemm_supported(k), ValueError, "CORELM_BF16_GEMM=", env, ": this CPU (under CORELM_ISA=",
+                 isa_name(active_isa()), ") has no vdpbf16ps; use rounded or auto");
+    c.kernel = k;
+    c.source = "CORELM_BF16_GEMM";
+    return c;
+  }
+  constexpr double kProbeSeconds = 0.003;
+  c.peaks.fp32_gflops = fp32_fma_peak_gflops(kProbeSeconds);
+  c.peaks.dpbf16_gflops = bf16_dot_peak_gflops(kProbeSeconds);
+  c.kernel = choose_bf16_gemm(c.peaks);
+  c.source = "measured";
+  return c;
+}
+
+Bf16GemmChoice bf16_gemm_choice() {
+  std::lock_guard<std::mutex> lock(choice_mutex());
+  if (!choice_slot()) choice_slot() = resolve_bf16_gemm(std::getenv("CORELM_BF16_GEMM"));
+  return *choice_slot();
+}
+
+void set_bf16_gemm(Bf16Gemm k) {
+  CORELM_CHECK(bf16_gemm_supported(k), ValueError, "bf16 GEMM kernel ", bf16_gemm_name(k),
+               " needs vdpbf16ps, which this CPU (under CORELM_ISA=", isa_name(active_isa()), ") lacks");
+  std::lock_guard<std::mutex> lock(choice_mutex());
+  Bf16GemmChoice c;
+  c.kernel = k;
+  c.source = "set";
+  choice_slot() = c;
 }
 
 Isa preferred_linear_bf16_kernel() {

@@ -62,6 +62,39 @@ inline constexpr int64_t linear_bf16_scratch_bytes(int64_t kp) { return kGemmRow
 using LinearBf16BlockFn = void (*)(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1,
                                    void* xbuf, bool x_ready);
 
+// bf16 GEMM (gemm_bf16_tiles.h), the same task grid as gemm_f32. A task rounds its rows of op(A)
+// to bf16 once (row-major, K zero-padded to kp = K rounded up to even, so consecutive (even, odd)
+// values form the 32-bit pairs vdpbf16ps multiplies), then for each kBf16Panel-column panel and
+// each block of kBf16KPairs k-pairs packs op(B) rounded to bf16, pair-interleaved:
+//   panel[p * kBf16Panel + j] = bf16(op(B)[2p, j]) | bf16(op(B)[2p + 1, j]) << 16
+// Every C element is one dot-product chain over the pairs p = 0..kp/2-1 in order, started from
+// zero (carried exactly between k-blocks), then written or added to C: batch invariant as above.
+inline constexpr int64_t kBf16Panel = 64;    // columns per packed panel (4 zmm of pairs)
+inline constexpr int64_t kBf16KPairs = 128;  // k-pairs per packed panel (256 k: 32 KiB, in L1)
+
+struct GemmBf16Args {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0, kp = 0;  // kp: K rounded up to even
+  const float* A = nullptr;
+  int64_t lda = 0;
+  const float* B = nullptr;
+  int64_t ldb = 0;
+  float* C = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;  // C += product instead of C = product
+};
+
+// Scratch of one task: the rounded rows (kGemmRowBlock x kp bf16), then (64-byte aligned) the
+// packed panel and the accumulators carried between k-blocks.
+inline constexpr int64_t gemm_bf16_rows_bytes(int64_t kp) { return (kGemmRowBlock * kp * 2 + 63) / 64 * 64; }
+inline constexpr int64_t gemm_bf16_scratch_bytes(int64_t kp) {
+  return gemm_bf16_rows_bytes(kp) + (kBf16KPairs + kGemmRowBlock) * kBf16Panel * 4;
+}
+// Computes C rows [m0, m1) x columns [n0, n1) (block sizes as GemmF32BlockFn). `rows_ready`: the
+// scratch already holds rows [m0, m1) of this call's op(A), rounded by the same kernel.
+using GemmBf16BlockFn = void (*)(const GemmBf16Args&, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                                 void* scratch, bool rows_ready);
+
 // Peak probes: `iters` rounds of 12 independent chains of one vector FMA (fp32) or vdpbf16ps
 // each; the return value only keeps the work alive.
 inline constexpr int kPeakChains = 12;
@@ -85,6 +118,8 @@ float dpbf16_peak_loop(int64_t iters);
 void round_rows_bf16(const LinearBf16Args& a, int64_t m0, int64_t m1, uint16_t* out);
 void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
                        bool x_ready);
+void gemm_bf16_block(const GemmBf16Args&, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* scratch,
+                     bool rows_ready);
 }  // namespace avx512_bf16
 
 // AMX kernels (amx_tile_kernels.h): the packing is the panel layout above with kp padded to a

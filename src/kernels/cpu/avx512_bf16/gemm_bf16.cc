@@ -1,0 +1,60 @@
+// AVX-512 BF16 GEMM block: gemm_bf16_tiles.h on zmm with vdpbf16ps, 6 x 64 register tile
+// (24 accumulators, 4 pair vectors of B, one broadcast pair of A).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "kernels/cpu/gemm_bf16_tiles.h"
+
+namespace corelm::kernels::avx512_bf16 {
+namespace {
+
+struct Dp16 {
+  static constexpr int kWidth = 16;
+  using Reg = __m512;
+  using Pairs = __m512bh;
+  static __mmask16 first(int64_t n) { return n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1); }
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static Reg load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(first(n), p); }
+  static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+  static void store_n(float* p, Reg v, int n) { _mm512_mask_storeu_ps(p, first(n), v); }
+  static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  static Pairs load_pairs(const uint32_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static Pairs broadcast_pair(const uint32_t* p) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(*p)); }
+  static Reg dot(Reg acc, Pairs a, Pairs b) { return _mm512_dpbf16_ps(acc, a, b); }
+
+  // bf16 bit patterns of 16 floats in the low halves of the dword lanes: nearest-even, NaN kept a
+  // quiet NaN (the rule of corelm::float_to_bf16).
+  static __m512i bits(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  }
+  static void round_row(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t t = 0; t < n; t += 16) {
+      const __mmask16 m = first(n - t);
+      _mm256_mask_storeu_epi16(out + t, m, _mm512_cvtepi32_epi16(bits(_mm512_maskz_loadu_ps(m, x + t))));
+    }
+  }
+  static void round_pairs(const float* even, const float* odd, int64_t n, uint32_t* out) {
+    for (int64_t q = 0; q < n; q += 16) {
+      const __mmask16 m = first(n - q);
+      __m512i v = bits(_mm512_maskz_loadu_ps(m, even + q));
+      if (odd) v = _mm512_or_si512(v, _mm512_slli_epi32(bits(_mm512_maskz_loadu_ps(m, odd + q)), 16));
+      _mm512_mask_storeu_epi32(out + q, m, v);
+    }
+  }
+};
+
+}  // namespace
+
+void gemm_bf16_block(const GemmBf16Args& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* scratch,
+                     bool rows_ready) {
+  bf16_block<Dp16, 6>(g, m0, m1, n0, n1, scratch, rows_ready);
+}
+
+}  // namespace corelm::kernels::avx512_bf16
