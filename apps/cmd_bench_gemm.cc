@@ -1,7 +1,8 @@
 // corelm bench gemm: GFLOP/s of gemm_f32, the packed bf16 linear and the int8 linear (GOP/s) at
-// fixed and model shapes, against the core's measured peaks (built-in FMA / vdpbf16ps / vpdpbusd
-// probes) and, when the optional
-// bench/onednn_gemm executable was built next to this binary, oneDNN in the same run.
+// fixed and model shapes, plus the three training products (X.W^T, dX = dY.W, dW = dY^T.X) in
+// gemm_f32 and gemm_bf16, against the core's measured peaks (built-in FMA / vdpbf16ps / vpdpbusd
+// probes) and, when the optional bench/onednn_gemm executable was built next to this binary,
+// oneDNN in the same run.
 #include <algorithm>
 #include <time.h>
 
@@ -168,6 +169,26 @@ void run(const GemmBenchArgs& a) {
     const double t_int8 = seconds_per_call(a.seconds, cpu_clock, [&] {
       kernels::linear_int8(X.data(), s.M, s.K, packed_i8, Y.data(), s.N);
     });
+    // The two backward products of training (dX = dY.W, dW = dY^T.X) and all three in gemm_bf16.
+    const auto G = filled(s.M * s.N, 0.1f);
+    std::vector<float> DX(s.M * s.K), DW(s.N * s.K);
+    const double t_f32_dx = seconds_per_call(a.seconds, cpu_clock, [&] {
+      kernels::gemm_f32(false, false, s.M, s.K, s.N, 1.0f, G.data(), s.N, W.data(), s.K, 0.0f, DX.data(), s.K);
+    });
+    const double t_f32_dw = seconds_per_call(a.seconds, cpu_clock, [&] {
+      kernels::gemm_f32(true, false, s.N, s.K, s.M, 1.0f, G.data(), s.N, X.data(), s.K, 0.0f, DW.data(), s.K);
+    });
+    const double t_b16 = seconds_per_call(a.seconds, cpu_clock, [&] {
+      kernels::gemm_bf16(false, true, s.M, s.N, s.K, X.data(), s.K, W.data(), s.K, Y.data(), s.N);
+    });
+    const double t_b16_dx = seconds_per_call(a.seconds, cpu_clock, [&] {
+      kernels::gemm_bf16(false, false, s.M, s.K, s.N, G.data(), s.N, W.data(), s.K, DX.data(), s.K);
+    });
+    const double t_b16_dw = seconds_per_call(a.seconds, cpu_clock, [&] {
+      kernels::gemm_bf16(true, false, s.N, s.K, s.M, G.data(), s.N, X.data(), s.K, DW.data(), s.K);
+    });
+    const double gemm_bf16_peak = bf16_peak > 0 ? bf16_peak : fp32_peak;
+    auto pct = [](double g, double peak) { return peak > 0 ? 100 * g / peak : 0.0; };
     const double g_f32 = flops / t_f32 * 1e-9, g_bf16 = flops / t_bf16 * 1e-9, g_int8 = flops / t_int8 * 1e-9;
     // Each kernel is measured against the peak of the instruction it runs on.
     const double bf16_ref_peak = packed.isa == Isa::Amx ? amx_bf16_peak
@@ -181,6 +202,13 @@ void run(const GemmBenchArgs& a) {
                        {"gemm_f32_gflops", g_f32},
                        {"gemm_f32_pct_peak", fp32_peak > 0 ? 100 * g_f32 / fp32_peak : 0.0},
                        {"gemm_f32_us", t_f32 * 1e6},
+                       {"train_f32_dx_gflops", flops / t_f32_dx * 1e-9},
+                       {"train_f32_dw_gflops", flops / t_f32_dw * 1e-9},
+                       {"gemm_bf16_gflops", flops / t_b16 * 1e-9},
+                       {"gemm_bf16_pct_peak", pct(flops / t_b16 * 1e-9, gemm_bf16_peak)},
+                       {"gemm_bf16_dx_gflops", flops / t_b16_dx * 1e-9},
+                       {"gemm_bf16_dw_gflops", flops / t_b16_dw * 1e-9},
+                       {"gemm_bf16_dw_pct_peak", pct(flops / t_b16_dw * 1e-9, gemm_bf16_peak)},
                        {"linear_bf16_isa", isa_name(packed.isa)},
                        {"linear_bf16_gflops", g_bf16},
                        {"linear_bf16_pct_peak", bf16_ref_peak > 0 ? 100 * g_bf16 / bf16_ref_peak : 0.0},
@@ -227,14 +255,19 @@ void run(const GemmBenchArgs& a) {
               linear_floor * 1e9, int8_floor * 1e9);
   const bool dnn = results.size() && results[0].contains("onednn_bf16_gflops");
   std::printf("\n| shape | M | K | N | f32 GFLOP/s | %% fp32 peak | bf16 GFLOP/s | %% bf16 peak | int8 GOP/s | "
-              "%% int8 peak |%s\n", dnn ? " oneDNN f32 | oneDNN bf16 |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|%s\n", dnn ? "---|---|" : "");
+              "%% int8 peak | train f32 X.W^T / dX / dW | train gemm_bf16 X.W^T / dX / dW |%s\n",
+              dnn ? " oneDNN f32 | oneDNN bf16 |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", dnn ? "---|---|" : "");
   for (const auto& x : results) {
     std::printf("| %s | %lld | %lld | %lld | %.1f | %.0f%% | %.1f | %.0f%% |", x["name"].get<std::string>().c_str(),
                 static_cast<long long>(x["M"]), static_cast<long long>(x["K"]), static_cast<long long>(x["N"]),
                 x["gemm_f32_gflops"].get<double>(), x["gemm_f32_pct_peak"].get<double>(),
                 x["linear_bf16_gflops"].get<double>(), x["linear_bf16_pct_peak"].get<double>());
     std::printf(" %.1f | %.0f%% |", x["linear_int8_gops"].get<double>(), x["linear_int8_pct_peak"].get<double>());
+    std::printf(" %.0f / %.0f / %.0f | %.0f / %.0f / %.0f |", x["gemm_f32_gflops"].get<double>(),
+                x["train_f32_dx_gflops"].get<double>(), x["train_f32_dw_gflops"].get<double>(),
+                x["gemm_bf16_gflops"].get<double>(), x["gemm_bf16_dx_gflops"].get<double>(),
+                x["gemm_bf16_dw_gflops"].get<double>());
     if (dnn) std::printf(" %.1f | %.1f |", x["onednn_f32_gflops"].get<double>(), x["onednn_bf16_gflops"].get<double>());
     std::printf("\n");
   }

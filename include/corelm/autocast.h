@@ -5,6 +5,12 @@
 // stream, master weights and AdamW state stay fp32. The setting is per thread (the thread that
 // calls the ops; kernels may still run on the pool) and defaults to F32, so nothing changes unless
 // a caller asks for it (`corelm train --compute-dtype bf16`).
+//
+// The bf16 products run on one of two kernels, chosen once per process by measured peaks (never by
+// vendor name; kernels/cpu/gemm.h): "dpbf16" (kernels::gemm_bf16 on vdpbf16ps, where it issues at
+// least 1.3x the fp32 FMA rate) or "rounded" (bf16-rounded fp32 copies through the fp32 GEMM).
+// Both are the same contract; they differ in summation order (and dpbf16 also rounds the fused
+// LM-head loss's softmax gradient to bf16), so results are not bitwise equal between them.
 #pragma once
 #include <string>
 
@@ -16,6 +22,15 @@ const char* compute_dtype_name(ComputeDType d);            // "f32" | "bf16"
 ComputeDType parse_compute_dtype(const std::string& name);  // ValueError naming the accepted values
 
 ComputeDType compute_dtype();  // this thread's current setting (F32 unless a scope is open)
+
+// The kernel of this process's bf16 products: "dpbf16" or "rounded". First use measures the peaks
+// (a few ms) unless CORELM_BF16_GEMM=dpbf16|rounded|auto says otherwise (ValueError for a bad one).
+std::string bf16_gemm_kernel();
+// How it was chosen: "measured", "CORELM_BF16_GEMM" or "set".
+std::string bf16_gemm_kernel_source();
+// Fixes the kernel (a resumed training run keeps the one it started with). ValueError naming the
+// accepted values, or the missing CPU feature for dpbf16.
+void set_bf16_gemm_kernel(const std::string& name);
 
 class ComputeDTypeScope {
  public:

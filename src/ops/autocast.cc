@@ -2,6 +2,7 @@
 
 #include "corelm/dtype.h"
 #include "corelm/error.h"
+#include "kernels/cpu/gemm.h"
 #include "ops/bf16_operands.h"
 
 namespace corelm::ops {
@@ -27,6 +28,17 @@ ComputeDType compute_dtype() { return current; }
 
 ComputeDTypeScope::ComputeDTypeScope(ComputeDType d) : saved_(current) { current = d; }
 ComputeDTypeScope::~ComputeDTypeScope() { current = saved_; }
+
+std::string bf16_gemm_kernel() { return kernels::bf16_gemm_name(kernels::bf16_gemm_choice().kernel); }
+
+std::string bf16_gemm_kernel_source() { return kernels::bf16_gemm_choice().source; }
+
+void set_bf16_gemm_kernel(const std::string& name) { kernels::set_bf16_gemm(kernels::parse_bf16_gemm(name)); }
+
+bool detail::bf16_products_on_gemm_bf16() {
+  return kernels::bf16_gemm_choice().kernel == kernels::Bf16Gemm::Dpbf16 &&
+         kernels::bf16_gemm_supported(kernels::Bf16Gemm::Dpbf16);
+}
 
 Tensor detail::rounded_to_bf16(const Tensor& x) {
   const Tensor c = x.contiguous();

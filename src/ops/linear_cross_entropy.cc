@@ -48,10 +48,15 @@ std::vector<int64_t> checked_targets(const char* op, const Tensor& targets, int6
   return ids;
 }
 
-// Contiguous f32 operand, rounded to bf16 values when the autocast scope asks for bf16 products.
+// The products' kernel under the current scope: gemm_bf16 (which rounds its operands itself) when
+// bf16 compute runs on the dpbf16 kernel.
+bool on_gemm_bf16() { return compute_dtype() == ComputeDType::BF16 && detail::bf16_products_on_gemm_bf16(); }
+
+// Contiguous f32 operand, rounded to bf16 values when the autocast scope asks for bf16 products on
+// the rounded-operand path.
 Tensor compute_operand(const Tensor& x) {
   const Tensor c = x.detach();
-  return compute_dtype() == ComputeDType::BF16 ? detail::rounded_to_bf16(c) : c.contiguous();
+  return compute_dtype() == ComputeDType::BF16 && !on_gemm_bf16() ? detail::rounded_to_bf16(c) : c.contiguous();
 }
 
 struct Pass {
@@ -71,6 +76,7 @@ Pass run_pass(const Tensor& hidden, const Tensor& weight, const float* offset, c
   a.h = hidden.size(1);
   a.v = weight.size(0);
   a.ignore_index = ignore_index;
+  a.bf16_products = on_gemm_bf16();
   Pass p;
   std::vector<float> row_loss(static_cast<size_t>(a.n));
   float* gh = nullptr;

@@ -5,9 +5,10 @@
 //
 // Under ComputeDTypeScope(BF16) (corelm/autocast.h) both operands of every product -- forward and
 // the two backward products, which use the setting captured at forward time -- are rounded to bf16
-// (nearest-even) and multiplied with fp32 accumulation; outputs and gradients stay fp32. The
-// rounded operands go through gemm_f32 (products of bf16 values are exact in fp32, so this is the
-// bf16 contract). Packing the weight per call for kernels::linear_bf16 instead measured no faster
+// (nearest-even) and multiplied with fp32 accumulation; outputs and gradients stay fp32. Where the
+// process's bf16 kernel is dpbf16 (corelm/autocast.h) the products run on kernels::gemm_bf16;
+// else the rounded operands go through gemm_f32 (products of bf16 values are exact in fp32, so this
+// is the same contract). Packing the weight per call for kernels::linear_bf16 measured no faster
 // for training on the Intel development core (docs/TRAINING.md, "bf16 compute");
 // CORELM_AUTOCAST_LINEAR=packed selects it for the forward X.W^T to re-measure elsewhere.
 #include <cstdlib>
@@ -75,16 +76,25 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, Comput
     kern::linear_bf16(ac.data<float>(), shape_numel(batch) * M, K, w, out.data<float>(), N);
     return out;
   }
-  const Tensor ac = bf16 ? detail::rounded_to_bf16(a) : a.contiguous();
-  const Tensor bc = bf16 ? detail::rounded_to_bf16(b) : b.contiguous();
+  // gemm_bf16 rounds its operands itself; the rounded path multiplies rounded copies in fp32.
+  const bool on_gemm_bf16 = bf16 && detail::bf16_products_on_gemm_bf16();
+  const bool round_copies = bf16 && !on_gemm_bf16;
+  const Tensor ac = round_copies ? detail::rounded_to_bf16(a) : a.contiguous();
+  const Tensor bc = round_copies ? detail::rounded_to_bf16(b) : b.contiguous();
   const float* pa = ac.data<float>();
   const float* pb = bc.data<float>();
   float* pc = out.data<float>();
   const int64_t lda = ac.size(-1), ldb = bc.size(-1);
+  auto gemm = [&](bool ta_, bool tb_, int64_t m, const float* pa_, const float* pb_, float* pc_) {
+    if (on_gemm_bf16)
+      kern::gemm_bf16(ta_, tb_, m, N, K, pa_, lda, pb_, ldb, pc_, N);
+    else
+      kern::gemm_f32(ta_, tb_, m, N, K, 1.0f, pa_, lda, pb_, ldb, 0.0f, pc_, N);
+  };
 
   if (b.dim() == 2 && !ta) {
     // Rows of every batch item of a are rows of one tall [batch * M, K] matrix.
-    kern::gemm_f32(false, tb, shape_numel(batch) * M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, N);
+    gemm(false, tb, shape_numel(batch) * M, pa, pb, pc);
     return out;
   }
   const Strides sa = batch_strides(ac, batch), sb = batch_strides(bc, batch);
@@ -97,7 +107,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, Comput
       off_a += i * sa[d];
       off_b += i * sb[d];
     }
-    kern::gemm_f32(ta, tb, M, N, K, 1.0f, pa + off_a, lda, pb + off_b, ldb, 0.0f, pc + item * M * N, N);
+    gemm(ta, tb, M, pa + off_a, pb + off_b, pc + item * M * N);
   }
   return out;
 }

@@ -12,6 +12,7 @@
 //   round_row(x, n, out)         out[t] = bf16(x[t]), t < n (nearest-even, NaN stays NaN)
 //   round_pairs(even, odd, n, out)  out[q] = bf16(even[q]) | bf16(odd[q]) << 16, q < n; odd may
 //                                be null (zeros: the padding of an odd K)
+//   transpose_pairs(src, ss, dst, ds)  dst[c * ds + r] = src[r * ss + c], r, c < kWidth (32-bit)
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -81,10 +82,13 @@ void bf16_rows(int rows, int64_t pairs, const uint32_t* a, int64_t a_stride, con
     return bf16_rows<V, MR - 1, NV>(rows, pairs, a, a_stride, panel, g, c, n_valid, carry_in, carry_out);
 }
 
-// Rows [m0, m1) of op(A) rounded to pairs: out[(i - m0) * kp/2 + p], zero-padded past K.
+// Rows [m0, m1) of op(A) rounded to pairs: out[(i - m0) * gemm_bf16_row_stride(kp) + p],
+// zero-padded past K. Rows
+// past m1 up to the next multiple of kWidth may be overwritten (the buffer holds kGemmRowBlock).
 template <class V>
 void bf16_pack_rows(const GemmBf16Args& g, int64_t m0, int64_t m1, uint32_t* out) {
-  const int64_t stride = g.kp / 2, rows = m1 - m0;
+  constexpr int64_t W = V::kWidth;
+  const int64_t stride = gemm_bf16_row_stride(g.kp), pairs_k = g.kp / 2, rows = m1 - m0;
   if (!g.trans_a) {
     for (int64_t i = m0; i < m1; ++i) {
       uint16_t* o = reinterpret_cast<uint16_t*>(out + (i - m0) * stride);
@@ -93,23 +97,31 @@ void bf16_pack_rows(const GemmBf16Args& g, int64_t m0, int64_t m1, uint32_t* out
     }
     return;
   }
-  // A stored K x M: rows 2p and 2p + 1 of A give pair p of kRun consecutive rows of op(A) at once.
-  constexpr int64_t kRun = 64;
-  uint32_t run[kRun];
-  for (int64_t r0 = 0; r0 < rows; r0 += kRun) {
-    const int64_t n = rows - r0 < kRun ? rows - r0 : kRun;
-    for (int64_t p = 0; p < stride; ++p) {
-      const float* even = g.A + 2 * p * g.lda + m0 + r0;
-      V::round_pairs(even, 2 * p + 1 < g.K ? even + g.lda : nullptr, n, run);
-      for (int64_t r = 0; r < n; ++r) out[(r0 + r) * stride + p] = run[r];
+  // A stored K x M: rows 2p and 2p + 1 of A hold pair p of kWidth consecutive rows of op(A);
+  // they are gathered pair-major into `run`, then transposed kWidth x kWidth at a time.
+  uint32_t run[kBf16KPairs * W];
+  for (int64_t r0 = 0; r0 < rows; r0 += W) {
+    const int64_t n = rows - r0 < W ? rows - r0 : W;
+    for (int64_t q0 = 0; q0 < pairs_k; q0 += kBf16KPairs) {
+      const int64_t pairs = pairs_k - q0 < kBf16KPairs ? pairs_k - q0 : kBf16KPairs;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const int64_t k = 2 * (q0 + p);
+        const float* even = g.A + k * g.lda + m0 + r0;
+        V::round_pairs(even, k + 1 < g.K ? even + g.lda : nullptr, n, run + p * W);
+      }
+      int64_t p = 0;
+      for (; p + W <= pairs; p += W) V::transpose_pairs(run + p * W, W, out + r0 * stride + q0 + p, stride);
+      for (; p < pairs; ++p)  // the last pairs of a row: a full transpose would spill into the next row
+        for (int64_t r = 0; r < n; ++r) out[(r0 + r) * stride + q0 + p] = run[p * W + r];
     }
   }
 }
 
-// Pairs [p0, p0 + pairs) of op(B) columns [j0, j0 + cols) into one panel, zero past cols.
+// Pairs [p0, p0 + pairs) of op(B) columns [j0, j0 + cols) into one panel, zero past cols. Rows of
+// the panel past `pairs` up to the next multiple of kWidth may be overwritten.
 template <class V>
 void bf16_pack_panel(const GemmBf16Args& g, int64_t j0, int64_t cols, int64_t p0, int64_t pairs, uint32_t* panel) {
-  constexpr int64_t NR = kBf16Panel;
+  constexpr int64_t NR = kBf16Panel, W = V::kWidth;
   if (!g.trans_b) {
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t k = 2 * (p0 + p);
@@ -119,16 +131,28 @@ void bf16_pack_panel(const GemmBf16Args& g, int64_t j0, int64_t cols, int64_t p0
     }
     return;
   }
-  // B stored N x K: column j of op(B) is contiguous over k, so its pairs come out in order.
+  // B stored N x K: column j of op(B) is contiguous over k, so its pairs come out in order; kWidth
+  // columns are rounded side by side (missing ones as zeros), then transposed into the panel.
   const int64_t k0 = 2 * p0, kn = g.K - k0 < 2 * pairs ? g.K - k0 : 2 * pairs;
-  uint32_t col[kBf16KPairs];
-  for (int64_t j = 0; j < cols; ++j) {
-    uint16_t* c16 = reinterpret_cast<uint16_t*>(col);
-    V::round_row(g.B + (j0 + j) * g.ldb + k0, kn, c16);
-    if (kn < 2 * pairs) c16[kn] = 0;
-    for (int64_t p = 0; p < pairs; ++p) panel[p * NR + j] = col[p];
+  const int64_t padded = (pairs + W - 1) / W * W;
+  uint32_t col[W * kBf16KPairs];
+  for (int64_t jg = 0; jg < NR; jg += W) {
+    if (jg >= cols) {
+      for (int64_t p = 0; p < padded; ++p) std::memset(panel + p * NR + jg, 0, W * 4);
+      continue;
+    }
+    for (int64_t j = 0; j < W; ++j) {
+      uint32_t* c = col + j * kBf16KPairs;
+      if (jg + j >= cols) {
+        std::memset(c, 0, static_cast<size_t>(padded) * 4);
+        continue;
+      }
+      uint16_t* c16 = reinterpret_cast<uint16_t*>(c);
+      V::round_row(g.B + (j0 + jg + j) * g.ldb + k0, kn, c16);
+      for (int64_t t = kn; t < 2 * padded; ++t) c16[t] = 0;
+    }
+    for (int64_t p = 0; p < padded; p += W) V::transpose_pairs(col + p, kBf16KPairs, panel + p * NR + jg, NR);
   }
-  for (int64_t p = 0; p < pairs; ++p) std::memset(panel + p * NR + cols, 0, static_cast<size_t>(NR - cols) * 4);
 }
 
 template <class V, int MR>
@@ -140,11 +164,12 @@ void bf16_block(const GemmBf16Args& g, int64_t m0, int64_t m1, int64_t n0, int64
   uint32_t* panel = reinterpret_cast<uint32_t*>(static_cast<char*>(scratch) + gemm_bf16_rows_bytes(g.kp));
   float* carry = reinterpret_cast<float*>(panel + kBf16KPairs * kBf16Panel);
   if (!rows_ready) bf16_pack_rows<V>(g, m0, m1, rows);
-  const int64_t stride = g.kp / 2, kblocks = (stride + kBf16KPairs - 1) / kBf16KPairs;
+  const int64_t stride = gemm_bf16_row_stride(g.kp), pairs_k = g.kp / 2;
+  const int64_t kblocks = (pairs_k + kBf16KPairs - 1) / kBf16KPairs;
   for (int64_t j0 = n0; j0 < n1; j0 += kBf16Panel) {
     const int64_t cols = n1 - j0 < kBf16Panel ? n1 - j0 : kBf16Panel;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
-      const int64_t p0 = kb * kBf16KPairs, pairs = stride - p0 < kBf16KPairs ? stride - p0 : kBf16KPairs;
+      const int64_t p0 = kb * kBf16KPairs, pairs = pairs_k - p0 < kBf16KPairs ? pairs_k - p0 : kBf16KPairs;
       bf16_pack_panel<V>(g, j0, cols, p0, pairs, panel);
       for (int64_t i = m0; i < m1; i += MR) {
         const int r = static_cast<int>(m1 - i < MR ? m1 - i : MR);

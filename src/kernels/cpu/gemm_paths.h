@@ -84,9 +84,14 @@ struct GemmBf16Args {
   bool accumulate = false;  // C += product instead of C = product
 };
 
-// Scratch of one task: the rounded rows (kGemmRowBlock x kp bf16), then (64-byte aligned) the
-// packed panel and the accumulators carried between k-blocks.
-inline constexpr int64_t gemm_bf16_rows_bytes(int64_t kp) { return (kGemmRowBlock * kp * 2 + 63) / 64 * 64; }
+// Pairs between consecutive rounded rows of op(A): long rows get 64 bytes of slack so that the
+// MR rows a tile reads do not all map to the same L1 sets.
+inline constexpr int64_t gemm_bf16_row_stride(int64_t kp) { return kp / 2 >= 64 ? kp / 2 + 16 : kp / 2; }
+// Scratch of one task: the rounded rows (kGemmRowBlock rows), then (64-byte aligned) the packed
+// panel and the accumulators carried between k-blocks.
+inline constexpr int64_t gemm_bf16_rows_bytes(int64_t kp) {
+  return (kGemmRowBlock * gemm_bf16_row_stride(kp) * 4 + 63) / 64 * 64;
+}
 inline constexpr int64_t gemm_bf16_scratch_bytes(int64_t kp) {
   return gemm_bf16_rows_bytes(kp) + (kBf16KPairs + kGemmRowBlock) * kBf16Panel * 4;
 }

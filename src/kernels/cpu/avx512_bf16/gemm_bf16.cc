@@ -48,6 +48,30 @@ struct Dp16 {
       _mm512_mask_storeu_epi32(out + q, m, v);
     }
   }
+  // dst[c * ds + r] = src[r * ss + c] for a 16 x 16 block of pairs (32-bit elements).
+  static void transpose_pairs(const uint32_t* src, int64_t ss, uint32_t* dst, int64_t ds) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ss);
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    // r[4g + c], 128-bit lane L: rows 4g..4g+3 of column 4L + c.
+    for (int g = 0; g < 16; g += 4) {
+      r[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+      r[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+      r[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+      r[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512i x0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+      const __m512i x2 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee), x3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
+      _mm512_storeu_si512(dst + (0 + c) * ds, _mm512_shuffle_i32x4(x0, x1, 0x88));
+      _mm512_storeu_si512(dst + (4 + c) * ds, _mm512_shuffle_i32x4(x0, x1, 0xdd));
+      _mm512_storeu_si512(dst + (8 + c) * ds, _mm512_shuffle_i32x4(x2, x3, 0x88));
+      _mm512_storeu_si512(dst + (12 + c) * ds, _mm512_shuffle_i32x4(x2, x3, 0xdd));
+    }
+  }
 };
 
 }  // namespace
