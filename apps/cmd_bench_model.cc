@@ -21,6 +21,7 @@
 #include "corelm/isa.h"
 #include "corelm/model.h"
 #include "corelm/thread_pool.h"
+#include "corelm/autocast.h"
 #include "corelm/train.h"
 #include "train/sampled_softmax.h"
 
@@ -28,7 +29,7 @@ namespace corelm::cli {
 namespace {
 
 struct BenchModelArgs {
-  std::string preset = "tiny", precision = "bf16";
+  std::string preset = "tiny", precision = "bf16", train_compute_dtype = "f32";
   int threads = 1;
   bool json = false, grid = false, no_train = false, pin_threads = false;
   std::vector<std::string> only;  // empty: every figure
@@ -144,6 +145,7 @@ double train_rate(const model::ModelConfig& config, const BenchModelArgs& a, con
   o.seed = a.seed;
   o.schedule.warmup = 0;
   o.loss = loss;
+  o.compute_dtype = a.train_compute_dtype;
   if (loss == "sampled") o.unigram_counts = counts;
   train::WindowSampler sampler(data, 0, data.size(), a.seed);
   train::TrainResult r;
@@ -186,6 +188,9 @@ void run(const BenchModelArgs& a) {
   }
   const double trained = a.wants("train") ? train_rate(config, a, "full") : 0.0;
   const double trained_sampled = a.wants("train_sampled") ? train_rate(config, a, "sampled") : 0.0;
+  // The kernel the bf16 training products ran on (chosen by measured peaks; CORELM_BF16_GEMM).
+  const bool bf16_trained = a.train_compute_dtype == "bf16" && (a.wants("train") || a.wants("train_sampled"));
+  const std::string bf16_kernel = bf16_trained ? ops::bf16_gemm_kernel() : "";
   // A figure that was not measured is null in the JSON and "-" in the table.
   const auto figure = [&](const char* name, double v) {
     return a.wants(name) ? nlohmann::ordered_json(v) : nlohmann::ordered_json();
@@ -207,6 +212,10 @@ void run(const BenchModelArgs& a) {
                            {"train_sampled_tok_s", figure("train_sampled", trained_sampled)},
                            {"train_sampled_negatives", train::TrainOptions{}.sampled_negatives},
                            {"train_shape", {a.train_batch, a.train_seq}},
+                           {"train_compute_dtype", a.train_compute_dtype},
+                           {"train_bf16_kernel", bf16_kernel.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(bf16_kernel)},
+                           {"train_bf16_kernel_source", bf16_kernel.empty() ? nlohmann::ordered_json()
+                                                                            : nlohmann::ordered_json(ops::bf16_gemm_kernel_source())},
                            {"cpu_time_tok_s",
                             {{"scored", figure("scored", scored.cpu)},
                              {"generated", figure("generated", generated.cpu)},
@@ -235,6 +244,7 @@ void run(const BenchModelArgs& a) {
   std::printf("model %s (%lld params), %s, isa %s, %d thread(s)\n", a.preset.c_str(),
               static_cast<long long>(config.num_parameters(true)), model::precision_name(precision),
               isa_name(active_isa()), a.threads);
+  if (bf16_trained) std::printf("training products in bf16 on the %s kernel\n", bf16_kernel.c_str());
   std::printf("| measurement | shape | tok/s |\n|---|---|---:|\n");
   if (a.wants("scored"))
     std::printf("| scored (prefill, no LM head) | %lld x %lld | %.0f |\n", static_cast<long long>(a.score_batch),
@@ -275,6 +285,10 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--gen-batch", a->gen_batch, "rows of the batched decode figure")->capture_default_str();
   c->add_option("--train-steps", a->train_steps, "timed training steps")->capture_default_str();
   c->add_flag("--no-train", a->no_train, "skip the training figures");
+  c->add_option("--train-compute-dtype", a->train_compute_dtype,
+                "matrix-product precision of the training figures: f32 or bf16 (train --compute-dtype)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   c->add_option("--only", a->only,
                 "measure only these figures (e.g. for profiling): scored, generated, decode_b1, train, train_sampled")
       ->delimiter(',')

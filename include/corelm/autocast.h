@@ -31,6 +31,11 @@ std::string bf16_gemm_kernel_source();
 // Fixes the kernel (a resumed training run keeps the one it started with). ValueError naming the
 // accepted values, or the missing CPU feature for dpbf16.
 void set_bf16_gemm_kernel(const std::string& name);
+// For a resumed run: fixes the kernel to `recorded` (the checkpoint's) and returns a note when that
+// is not what this process would have used, or when this CPU lacks it (then the run continues on
+// the kernel it has, no longer bit-identical); empty when nothing changed. ValueError for a name
+// that is not a kernel.
+std::string keep_bf16_gemm_kernel(const std::string& recorded);
 
 class ComputeDTypeScope {
  public:

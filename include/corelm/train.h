@@ -235,6 +235,9 @@ struct TrainerState {
   uint64_t seed = 0;
   std::string schedule;
   double lr = 0;
+  // The kernel of the bf16 products ("dpbf16" | "rounded", corelm/autocast.h) when training ran
+  // with --compute-dtype bf16; empty otherwise. A resume uses it, so its steps stay bit-identical.
+  std::string bf16_gemm;
 };
 
 // ---- checkpoints (src/train/checkpoint.cc; docs/TRAINING.md "Checkpoints and --resume") ----

@@ -35,6 +35,18 @@ std::string bf16_gemm_kernel_source() { return kernels::bf16_gemm_choice().sourc
 
 void set_bf16_gemm_kernel(const std::string& name) { kernels::set_bf16_gemm(kernels::parse_bf16_gemm(name)); }
 
+std::string keep_bf16_gemm_kernel(const std::string& recorded) {
+  const kernels::Bf16Gemm want = kernels::parse_bf16_gemm(recorded);
+  const kernels::Bf16Gemm now = kernels::bf16_gemm_choice().kernel;
+  if (!kernels::bf16_gemm_supported(want))
+    return "bf16 compute: the checkpoint was trained on the " + recorded + " kernel, which this CPU lacks; " +
+           "continuing on " + kernels::bf16_gemm_name(now) + " (results no longer bit-identical to an unbroken run)";
+  kernels::set_bf16_gemm(want);
+  if (want == now) return "";
+  return std::string("bf16 compute: keeping the checkpoint's ") + recorded + " kernel (this process would have used " +
+         kernels::bf16_gemm_name(now) + ")";
+}
+
 bool detail::bf16_products_on_gemm_bf16() {
   return kernels::bf16_gemm_choice().kernel == kernels::Bf16Gemm::Dpbf16 &&
          kernels::bf16_gemm_supported(kernels::Bf16Gemm::Dpbf16);

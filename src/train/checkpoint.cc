@@ -160,6 +160,7 @@ std::string detail::save_checkpoint_bytes(const std::string& out_dir, const mode
     j["seed"] = state.seed;
     j["schedule"] = state.schedule;
     j["lr"] = state.lr;
+    if (!state.bf16_gemm.empty()) j["bf16_gemm"] = state.bf16_gemm;
     j["sampler_rng"] = {{"s", {state.sampler.s[0], state.sampler.s[1], state.sampler.s[2], state.sampler.s[3]}},
                         {"has_spare", state.sampler.has_spare},
                         {"spare_bits", std::bit_cast<uint32_t>(state.sampler.spare)}};
@@ -264,6 +265,7 @@ TrainerState load_checkpoint(const std::string& dir, model::Decoder& model, std:
     st.seed = j.at("seed").get<uint64_t>();
     st.schedule = j.at("schedule").get<std::string>();
     st.lr = j.at("lr").get<double>();
+    if (j.contains("bf16_gemm")) st.bf16_gemm = j.at("bf16_gemm").get<std::string>();
     const auto& rng = j.at("sampler_rng");
     for (int i = 0; i < 4; ++i) st.sampler.s[i] = rng.at("s").at(i).get<uint64_t>();
     st.sampler.has_spare = rng.at("has_spare").get<bool>();

@@ -323,6 +323,10 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     step = st.step;
     tokens_seen = st.tokens_seen;
     draw_seed = st.seed;
+    if (compute == ops::ComputeDType::BF16 && !st.bf16_gemm.empty()) {
+      const std::string note = ops::keep_bf16_gemm_kernel(st.bf16_gemm);
+      if (opt.progress && !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+    }
     truncate_log(log_path, step);
     if (opt.progress) std::fprintf(stderr, "resuming %s at step %lld\n", opt.out_dir.c_str(), static_cast<long long>(step));
   } else {
@@ -342,6 +346,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     st.seed = draw_seed;
     st.schedule = schedule_name(sched.kind);
     st.lr = adam.lr();
+    if (compute == ops::ComputeDType::BF16) st.bf16_gemm = ops::bf16_gemm_kernel();
     try {
       result.checkpoint = detail::save_checkpoint_bytes(opt.out_dir, model, adam.exp_avg(), adam.exp_avg_sq(), st,
                                                         tokenizer_bytes ? &*tokenizer_bytes : nullptr);
@@ -459,6 +464,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     rec["tokens_per_s"] = tok_s;
     rec["tokens_seen"] = tokens_seen;
     rec["elapsed_s"] = seconds_since(start);
+    if (compute == ops::ComputeDType::BF16 && step == result.start_step + 1) rec["bf16_gemm"] = ops::bf16_gemm_kernel();
     const bool budget_over = opt.time_budget_s > 0 && seconds_since(start) >= opt.time_budget_s;
     const bool final_step = step == last_step || budget_over;
     if ((opt.eval_every > 0 && step % opt.eval_every == 0) || final_step) {
