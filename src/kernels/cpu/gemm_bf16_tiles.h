@@ -37,7 +37,13 @@ void bf16_tile(int64_t pairs, const uint32_t* a, int64_t a_stride, const uint32_
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) acc[i][j] = carry_in ? V::load(carry_in + i * NR + j * W) : V::zero();
+  // The rows of A come from L2 or further, in runs too short for the hardware prefetcher: fetch
+  // the next row tile's (the next MR rows of the same k-block) one line per row every 16 pairs.
+  const uint32_t* next = a + MR * a_stride;
   for (int64_t p = 0; p < pairs; ++p, panel += NR) {
+    if ((p & 15) == 0)
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) __builtin_prefetch(next + i * a_stride + p);
     Pairs b[NV];
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) b[j] = V::load_pairs(panel + j * W);
@@ -82,37 +88,44 @@ void bf16_rows(int rows, int64_t pairs, const uint32_t* a, int64_t a_stride, con
     return bf16_rows<V, MR - 1, NV>(rows, pairs, a, a_stride, panel, g, c, n_valid, carry_in, carry_out);
 }
 
-// Rows [m0, m1) of op(A) rounded to pairs: out[(i - m0) * gemm_bf16_row_stride(kp) + p],
-// zero-padded past K. Rows
-// past m1 up to the next multiple of kWidth may be overwritten (the buffer holds kGemmRowBlock).
+// Pairs [p0, p0 + pairs) of rows [m0, m1) of op(A), rounded: out[(i - m0) * stride + p - p0],
+// zero-padded past K. Rows past m1 up to the next multiple of kWidth may be overwritten (the
+// buffer holds kGemmRowBlock rows).
 template <class V>
-void bf16_pack_rows(const GemmBf16Args& g, int64_t m0, int64_t m1, uint32_t* out) {
+void bf16_pack_rows(const GemmBf16Args& g, int64_t m0, int64_t m1, int64_t p0, int64_t pairs, uint32_t* out,
+                    int64_t stride) {
   constexpr int64_t W = V::kWidth;
-  const int64_t stride = gemm_bf16_row_stride(g.kp), pairs_k = g.kp / 2, rows = m1 - m0;
+  const int64_t rows = m1 - m0, k0 = 2 * p0, kn = g.K - k0 < 2 * pairs ? g.K - k0 : 2 * pairs;
   if (!g.trans_a) {
     for (int64_t i = m0; i < m1; ++i) {
       uint16_t* o = reinterpret_cast<uint16_t*>(out + (i - m0) * stride);
-      V::round_row(g.A + i * g.lda, g.K, o);
-      if (g.K < g.kp) o[g.K] = 0;
+      // Rows of a long-K A are far apart (often in DRAM): fetch two rows ahead.
+      if (i + 2 < m1)
+        for (int64_t t = 0; t < kn; t += 16) __builtin_prefetch(g.A + (i + 2) * g.lda + k0 + t);
+      V::round_row(g.A + i * g.lda + k0, kn, o);
+      if (kn < 2 * pairs) o[kn] = 0;
     }
     return;
   }
-  // A stored K x M: rows 2p and 2p + 1 of A hold pair p of kWidth consecutive rows of op(A);
-  // they are gathered pair-major into `run`, then transposed kWidth x kWidth at a time.
-  uint32_t run[kBf16KPairs * W];
-  for (int64_t r0 = 0; r0 < rows; r0 += W) {
-    const int64_t n = rows - r0 < W ? rows - r0 : W;
-    for (int64_t q0 = 0; q0 < pairs_k; q0 += kBf16KPairs) {
-      const int64_t pairs = pairs_k - q0 < kBf16KPairs ? pairs_k - q0 : kBf16KPairs;
-      for (int64_t p = 0; p < pairs; ++p) {
-        const int64_t k = 2 * (q0 + p);
-        const float* even = g.A + k * g.lda + m0 + r0;
-        V::round_pairs(even, k + 1 < g.K ? even + g.lda : nullptr, n, run + p * W);
-      }
+  // A stored K x M: rows 2p and 2p + 1 of A hold pair p of consecutive rows of op(A). kRun of
+  // them (four cache lines of each row of A) are gathered pair-major into `run`, then transposed
+  // kWidth x kWidth at a time.
+  constexpr int64_t kRun = 4 * W;
+  uint32_t run[kBf16KPairs * kRun];
+  for (int64_t r0 = 0; r0 < rows; r0 += kRun) {
+    const int64_t n = rows - r0 < kRun ? rows - r0 : kRun;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t k = k0 + 2 * p;
+      const float* even = g.A + k * g.lda + m0 + r0;
+      V::round_pairs(even, k + 1 < g.K ? even + g.lda : nullptr, n, run + p * kRun);
+    }
+    for (int64_t s0 = 0; s0 < n; s0 += W) {
+      const int64_t sn = n - s0 < W ? n - s0 : W;
+      uint32_t* o = out + (r0 + s0) * stride;
       int64_t p = 0;
-      for (; p + W <= pairs; p += W) V::transpose_pairs(run + p * W, W, out + r0 * stride + q0 + p, stride);
+      for (; p + W <= pairs; p += W) V::transpose_pairs(run + p * kRun + s0, kRun, o + p, stride);
       for (; p < pairs; ++p)  // the last pairs of a row: a full transpose would spill into the next row
-        for (int64_t r = 0; r < n; ++r) out[(r0 + r) * stride + q0 + p] = run[p * W + r];
+        for (int64_t r = 0; r < sn; ++r) o[r * stride + p] = run[p * kRun + s0 + r];
     }
   }
 }
@@ -126,6 +139,11 @@ void bf16_pack_panel(const GemmBf16Args& g, int64_t j0, int64_t cols, int64_t p0
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t k = 2 * (p0 + p);
       const float* even = g.B + k * g.ldb + j0;
+      if (k + 5 < g.K)
+        for (int64_t t = 0; t < cols; t += 16) {
+          __builtin_prefetch(even + 4 * g.ldb + t);
+          __builtin_prefetch(even + 5 * g.ldb + t);
+        }
       V::round_pairs(even, k + 1 < g.K ? even + g.ldb : nullptr, cols, panel + p * NR);
       std::memset(panel + p * NR + cols, 0, static_cast<size_t>(NR - cols) * 4);
     }
@@ -155,26 +173,31 @@ void bf16_pack_panel(const GemmBf16Args& g, int64_t j0, int64_t cols, int64_t p0
   }
 }
 
+// K in blocks of kBf16KPairs (outermost, so a block of rounded rows stays in L2 while every panel
+// of the task passes over it), then panels, then row tiles; each panel's accumulators are carried
+// exactly between k-blocks. With a single k-block the rows are packed once per task and may be
+// reused by the next column block of the same rows (rows_ready).
 template <class V, int MR>
 void bf16_block(const GemmBf16Args& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* scratch,
                 bool rows_ready) {
   constexpr int NV = kBf16Panel / V::kWidth;
   static_assert(kGemmColBlock % kBf16Panel == 0 && kGemmRowBlock % MR == 0, "blocks hold whole tiles");
+  const int64_t stride = gemm_bf16_row_stride(g.kp), pairs_k = g.kp / 2;
+  const int64_t kblocks = (pairs_k + kBf16KPairs - 1) / kBf16KPairs;
   uint32_t* rows = static_cast<uint32_t*>(scratch);
   uint32_t* panel = reinterpret_cast<uint32_t*>(static_cast<char*>(scratch) + gemm_bf16_rows_bytes(g.kp));
   float* carry = reinterpret_cast<float*>(panel + kBf16KPairs * kBf16Panel);
-  if (!rows_ready) bf16_pack_rows<V>(g, m0, m1, rows);
-  const int64_t stride = gemm_bf16_row_stride(g.kp), pairs_k = g.kp / 2;
-  const int64_t kblocks = (pairs_k + kBf16KPairs - 1) / kBf16KPairs;
-  for (int64_t j0 = n0; j0 < n1; j0 += kBf16Panel) {
-    const int64_t cols = n1 - j0 < kBf16Panel ? n1 - j0 : kBf16Panel;
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      const int64_t p0 = kb * kBf16KPairs, pairs = pairs_k - p0 < kBf16KPairs ? pairs_k - p0 : kBf16KPairs;
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    const int64_t p0 = kb * kBf16KPairs, pairs = pairs_k - p0 < kBf16KPairs ? pairs_k - p0 : kBf16KPairs;
+    if (kblocks > 1 || !rows_ready) bf16_pack_rows<V>(g, m0, m1, p0, pairs, rows, stride);
+    for (int64_t j0 = n0; j0 < n1; j0 += kBf16Panel) {
+      const int64_t cols = n1 - j0 < kBf16Panel ? n1 - j0 : kBf16Panel;
+      float* panel_carry = carry + ((j0 - n0) / kBf16Panel) * kGemmRowBlock * kBf16Panel;
       bf16_pack_panel<V>(g, j0, cols, p0, pairs, panel);
       for (int64_t i = m0; i < m1; i += MR) {
         const int r = static_cast<int>(m1 - i < MR ? m1 - i : MR);
-        float* tile_carry = carry + (i - m0) * kBf16Panel;
-        bf16_rows<V, MR, NV>(r, pairs, rows + (i - m0) * stride + p0, stride, panel, g, g.C + i * g.ldc + j0, cols,
+        float* tile_carry = panel_carry + (i - m0) * kBf16Panel;
+        bf16_rows<V, MR, NV>(r, pairs, rows + (i - m0) * stride, stride, panel, g, g.C + i * g.ldc + j0, cols,
                              kb > 0 ? tile_carry : nullptr, kb + 1 < kblocks ? tile_carry : nullptr);
       }
     }

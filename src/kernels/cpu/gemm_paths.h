@@ -62,15 +62,15 @@ inline constexpr int64_t linear_bf16_scratch_bytes(int64_t kp) { return kGemmRow
 using LinearBf16BlockFn = void (*)(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1,
                                    void* xbuf, bool x_ready);
 
-// bf16 GEMM (gemm_bf16_tiles.h), the same task grid as gemm_f32. A task rounds its rows of op(A)
-// to bf16 once (row-major, K zero-padded to kp = K rounded up to even, so consecutive (even, odd)
-// values form the 32-bit pairs vdpbf16ps multiplies), then for each kBf16Panel-column panel and
-// each block of kBf16KPairs k-pairs packs op(B) rounded to bf16, pair-interleaved:
+// bf16 GEMM (gemm_bf16_tiles.h), the same task grid as gemm_f32. For each block of kBf16KPairs
+// k-pairs a task rounds its rows of op(A) to bf16 (row-major, K zero-padded to kp = K rounded up
+// to even, so consecutive (even, odd) values form the 32-bit pairs vdpbf16ps multiplies), then for
+// each kBf16Panel-column panel packs op(B) rounded to bf16, pair-interleaved:
 //   panel[p * kBf16Panel + j] = bf16(op(B)[2p, j]) | bf16(op(B)[2p + 1, j]) << 16
 // Every C element is one dot-product chain over the pairs p = 0..kp/2-1 in order, started from
 // zero (carried exactly between k-blocks), then written or added to C: batch invariant as above.
 inline constexpr int64_t kBf16Panel = 64;    // columns per packed panel (4 zmm of pairs)
-inline constexpr int64_t kBf16KPairs = 128;  // k-pairs per packed panel (256 k: 32 KiB, in L1)
+inline constexpr int64_t kBf16KPairs = 128;  // k-pairs per block (256 k: a 32 KiB panel, in L1)
 
 struct GemmBf16Args {
   bool trans_a = false, trans_b = false;
@@ -84,16 +84,18 @@ struct GemmBf16Args {
   bool accumulate = false;  // C += product instead of C = product
 };
 
-// Pairs between consecutive rounded rows of op(A): long rows get 64 bytes of slack so that the
-// MR rows a tile reads do not all map to the same L1 sets.
-inline constexpr int64_t gemm_bf16_row_stride(int64_t kp) { return kp / 2 >= 64 ? kp / 2 + 16 : kp / 2; }
-// Scratch of one task: the rounded rows (kGemmRowBlock rows), then (64-byte aligned) the packed
-// panel and the accumulators carried between k-blocks.
+// Pairs between consecutive rounded rows of op(A) (one k-block of them): long rows get 64 bytes
+// of slack so that the MR rows a tile reads do not all map to the same L1 sets.
+inline constexpr int64_t gemm_bf16_row_stride(int64_t kp) {
+  return kp / 2 < kBf16KPairs ? (kp / 2 >= 64 ? kp / 2 + 16 : kp / 2) : kBf16KPairs + 16;
+}
+// Scratch of one task: the rounded rows (kGemmRowBlock rows of one k-block), then (64-byte
+// aligned) the packed panel and the accumulators of every panel carried between k-blocks.
 inline constexpr int64_t gemm_bf16_rows_bytes(int64_t kp) {
   return (kGemmRowBlock * gemm_bf16_row_stride(kp) * 4 + 63) / 64 * 64;
 }
 inline constexpr int64_t gemm_bf16_scratch_bytes(int64_t kp) {
-  return gemm_bf16_rows_bytes(kp) + (kBf16KPairs + kGemmRowBlock) * kBf16Panel * 4;
+  return gemm_bf16_rows_bytes(kp) + (kBf16KPairs * kBf16Panel + kGemmRowBlock * kGemmColBlock) * 4;
 }
 // Computes C rows [m0, m1) x columns [n0, n1) (block sizes as GemmF32BlockFn). `rows_ready`: the
 // scratch already holds rows [m0, m1) of this call's op(A), rounded by the same kernel.
