@@ -6,7 +6,9 @@
 # Usage: bench/train_precision_curves.sh [build dir] [work dir]
 # Environment: STEPS (400), BATCH (8), SEQ (64), PRESET (tiny), SEEDS ("1 2"),
 #   DATA (/work/shared/data/corpus/tinyshakespeare.txt, else the KJV text from scripts/kjv-text).
-# ~1.5k tok/s per run on one core: the defaults take ~2.5 min per run, ~10 min in all.
+# The bf16 runs use the process's bf16 GEMM kernel (chosen by measured peaks; CORELM_BF16_GEMM=
+# dpbf16|rounded forces one) and the script prints which one each run recorded in its log.
+# ~1.5-3k tok/s per run on one core: the defaults take ~1.5-2.5 min per run, ~8 min in all.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build/release}
@@ -49,6 +51,7 @@ for seed in $seeds; do
       --compute-dtype "$dt" --eval-every $((steps / 4)) --eval-batches 8 --sample-tokens 0 \
       --save-every 0 --no-progress >/dev/null
     runs="$runs ${dt}_s$seed=$out"
+    [ "$dt" = bf16 ] && echo "train_precision_curves: bf16 kernel $(grep -o '"bf16_gemm":"[a-z0-9]*"' "$out/train_log.jsonl" | head -1)" >&2
   done
 done
 
