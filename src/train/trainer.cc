@@ -272,6 +272,8 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   CORELM_CHECK(opt.seq <= model.config().max_position_embeddings, ValueError, "train: --seq ", opt.seq,
                " exceeds the model context (max_position_embeddings = ", model.config().max_position_embeddings, ")");
   const ops::ComputeDType compute = ops::parse_compute_dtype(opt.compute_dtype);
+  // The bf16 kernel is chosen (and CORELM_BF16_GEMM checked) before anything is written or timed.
+  if (compute == ops::ComputeDType::BF16) ops::bf16_gemm_kernel();
   std::unique_ptr<UnigramProposal> proposal;
   if (opt.loss == "sampled") {
     CORELM_CHECK(static_cast<int64_t>(opt.unigram_counts.size()) == model.config().vocab_size, ValueError,
