@@ -6,10 +6,11 @@
 // calls the ops; kernels may still run on the pool) and defaults to F32, so nothing changes unless
 // a caller asks for it (`corelm train --compute-dtype bf16`).
 //
-// The bf16 products run on one of two kernels, chosen once per process by measured peaks (never by
-// vendor name; kernels/cpu/gemm.h): "dpbf16" (kernels::gemm_bf16 on vdpbf16ps, where it issues at
+// The bf16 products run on one of three kernels, chosen once per process by measured peaks (never by
+// vendor name; kernels/cpu/gemm.h): "amx" (kernels::gemm_bf16 on tdpbf16ps tiles, where their peak
+// is at least 1.3x the vector ones), "dpbf16" (kernels::gemm_bf16 on vdpbf16ps, where it issues at
 // least 1.3x the fp32 FMA rate) or "rounded" (bf16-rounded fp32 copies through the fp32 GEMM).
-// Both are the same contract; they differ in summation order (and dpbf16 also rounds the fused
+// All are the same contract; they differ in summation order (and amx/dpbf16 also round the fused
 // LM-head loss's softmax gradient to bf16), so results are not bitwise equal between them.
 #pragma once
 #include <string>
@@ -23,8 +24,9 @@ ComputeDType parse_compute_dtype(const std::string& name);  // ValueError naming
 
 ComputeDType compute_dtype();  // this thread's current setting (F32 unless a scope is open)
 
-// The kernel of this process's bf16 products: "dpbf16" or "rounded". First use measures the peaks
-// (a few ms) unless CORELM_BF16_GEMM=dpbf16|rounded|auto says otherwise (ValueError for a bad one).
+// The kernel of this process's bf16 products: "amx", "dpbf16" or "rounded". First use measures the
+// peaks (a few ms) unless CORELM_BF16_GEMM=amx|dpbf16|rounded|auto says otherwise (ValueError for a
+// bad one).
 std::string bf16_gemm_kernel();
 // How it was chosen: "measured", "CORELM_BF16_GEMM" or "set".
 std::string bf16_gemm_kernel_source();

@@ -47,9 +47,9 @@ std::string keep_bf16_gemm_kernel(const std::string& recorded) {
          kernels::bf16_gemm_name(now) + ")";
 }
 
-bool detail::bf16_products_on_gemm_bf16() {
-  return kernels::bf16_gemm_choice().kernel == kernels::Bf16Gemm::Dpbf16 &&
-         kernels::bf16_gemm_supported(kernels::Bf16Gemm::Dpbf16);
+kernels::Bf16Gemm detail::bf16_products_kernel() {
+  const kernels::Bf16Gemm k = kernels::bf16_gemm_choice().kernel;
+  return kernels::bf16_gemm_supported(k) ? k : kernels::Bf16Gemm::Rounded;
 }
 
 Tensor detail::rounded_to_bf16(const Tensor& x) {

@@ -49,8 +49,10 @@ std::vector<int64_t> checked_targets(const char* op, const Tensor& targets, int6
 }
 
 // The products' kernel under the current scope: gemm_bf16 (which rounds its operands itself) when
-// bf16 compute runs on the dpbf16 kernel.
-bool on_gemm_bf16() { return compute_dtype() == ComputeDType::BF16 && detail::bf16_products_on_gemm_bf16(); }
+// bf16 compute runs on the dpbf16 or amx kernel.
+bool on_gemm_bf16() {
+  return compute_dtype() == ComputeDType::BF16 && detail::bf16_products_kernel() != kernels::Bf16Gemm::Rounded;
+}
 
 // Contiguous f32 operand, rounded to bf16 values when the autocast scope asks for bf16 products on
 // the rounded-operand path.
@@ -77,6 +79,7 @@ Pass run_pass(const Tensor& hidden, const Tensor& weight, const float* offset, c
   a.v = weight.size(0);
   a.ignore_index = ignore_index;
   a.bf16_products = on_gemm_bf16();
+  a.bf16_kernel = detail::bf16_products_kernel();
   Pass p;
   std::vector<float> row_loss(static_cast<size_t>(a.n));
   float* gh = nullptr;

@@ -6,7 +6,7 @@
 // Under ComputeDTypeScope(BF16) (corelm/autocast.h) both operands of every product -- forward and
 // the two backward products, which use the setting captured at forward time -- are rounded to bf16
 // (nearest-even) and multiplied with fp32 accumulation; outputs and gradients stay fp32. Where the
-// process's bf16 kernel is dpbf16 (corelm/autocast.h) the products run on kernels::gemm_bf16;
+// process's bf16 kernel is dpbf16 or amx (corelm/autocast.h) the products run on kernels::gemm_bf16;
 // else the rounded operands go through gemm_f32 (products of bf16 values are exact in fp32, so this
 // is the same contract). Packing the weight per call for kernels::linear_bf16 measured no faster
 // for training on the Intel development core (docs/TRAINING.md, "bf16 compute");
@@ -77,7 +77,8 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, Comput
     return out;
   }
   // gemm_bf16 rounds its operands itself; the rounded path multiplies rounded copies in fp32.
-  const bool on_gemm_bf16 = bf16 && detail::bf16_products_on_gemm_bf16();
+  const kern::Bf16Gemm kernel = bf16 ? detail::bf16_products_kernel() : kern::Bf16Gemm::Rounded;
+  const bool on_gemm_bf16 = bf16 && kernel != kern::Bf16Gemm::Rounded;
   const bool round_copies = bf16 && !on_gemm_bf16;
   const Tensor ac = round_copies ? detail::rounded_to_bf16(a) : a.contiguous();
   const Tensor bc = round_copies ? detail::rounded_to_bf16(b) : b.contiguous();
@@ -87,7 +88,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, Comput
   const int64_t lda = ac.size(-1), ldb = bc.size(-1);
   auto gemm = [&](bool ta_, bool tb_, int64_t m, const float* pa_, const float* pb_, float* pc_) {
     if (on_gemm_bf16)
-      kern::gemm_bf16(ta_, tb_, m, N, K, pa_, lda, pb_, ldb, pc_, N);
+      kern::gemm_bf16(kernel, ta_, tb_, m, N, K, pa_, lda, pb_, ldb, pc_, N);
     else
       kern::gemm_f32(ta_, tb_, m, N, K, 1.0f, pa_, lda, pb_, ldb, 0.0f, pc_, N);
   };

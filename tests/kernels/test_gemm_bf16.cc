@@ -12,6 +12,7 @@
 #include "corelm/thread_pool.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reference/gemm_bf16.h"
+#include "kernels/cpu/tile_emulation.h"
 #include "kernels/kernel_test_util.h"
 
 namespace corelm::testing {
@@ -66,11 +67,14 @@ void expect_rounded_product(const Shape3& s, const Operands& o, const std::vecto
     }
 }
 
-void check(const Shape3& s, uint64_t seed, bool accumulate = false) {
+using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*,
+                        int64_t, bool);
+
+void check(const Shape3& s, uint64_t seed, bool accumulate = false, GemmFn fn = gemm_bf16) {
   const Operands o = make(s, seed);
   std::vector<float> C = random_floats(static_cast<size_t>(s.M * o.ldc), seed + 2);
   const std::vector<float> C0 = C;
-  gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, o.A.data(), o.lda, o.B.data(), o.ldb, C.data(), o.ldc, accumulate);
+  fn(s.ta, s.tb, s.M, s.N, s.K, o.A.data(), o.lda, o.B.data(), o.ldb, C.data(), o.ldc, accumulate);
   expect_rounded_product(s, o, C, C0, accumulate);
 }
 
@@ -194,6 +198,49 @@ TEST_P(GemmBf16, RowsAreBatchAndThreadInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, GemmBf16, ::testing::ValuesIn(isa_paths()), isa_param_name);
 
+// The AMX tile GEMM's loops (packing into whole tiles, k-blocks carried through the C tiles, row
+// and column edges, accumulate) on emulated tiles, on any CPU; on AMX CPUs AmxTileGemmHardware
+// also checks the real tiles against the emulation, bit for bit.
+TEST(GemmBf16TileEmulation, MatchesRoundedProduct) {
+  uint64_t seed = 900;
+  for (int combo = 0; combo < 4; ++combo)
+    for (int64_t M : {1, 16, 17, 40})
+      for (int64_t N : {1, 16, 70})
+        for (int64_t K : {1, 31, 32, 33, 300}) {
+          check({bool(combo & 1), bool(combo & 2), M, N, K, 3}, seed++, combo == 1, kernels::gemm_bf16_tile_emulation);
+          if (HasFatalFailure()) return;
+        }
+  check({false, true, 390, 260, 40, 0}, 950, false, kernels::gemm_bf16_tile_emulation);  // past one task block
+}
+
+TEST(GemmBf16TileEmulation, RowsAreBatchInvariant) {
+  const int64_t M = 20, N = 40, K = 290, big = 37, offset = 5;
+  const auto A = random_floats(big * K, 61), B = random_floats(N * K, 62);
+  std::vector<float> full(M * N), alone(N), shifted(big * N), rot(big * K);
+  kernels::gemm_bf16_tile_emulation(false, true, M, N, K, A.data(), K, B.data(), K, full.data(), N);
+  for (int64_t r = 0; r < big; ++r) std::memcpy(&rot[r * K], &A[((r - offset + big) % big) * K], K * 4);
+  kernels::gemm_bf16_tile_emulation(false, true, big, N, K, rot.data(), K, B.data(), K, shifted.data(), N);
+  for (int64_t i = 0; i < M; ++i) {
+    kernels::gemm_bf16_tile_emulation(false, true, 1, N, K, A.data() + i * K, K, B.data(), K, alone.data(), N);
+    ASSERT_EQ(std::memcmp(alone.data(), &full[i * N], N * 4), 0) << "row " << i << " alone differs";
+    ASSERT_EQ(std::memcmp(&shifted[(i + offset) * N], &full[i * N], N * 4), 0) << "row " << i << " at offset differs";
+  }
+}
+
+TEST(AmxTileGemmHardware, MatchesTheEmulation) {
+  if (!kernels::bf16_gemm_supported(kernels::Bf16Gemm::Amx)) GTEST_SKIP() << "no AMX tiles on this CPU";
+  for (int combo = 0; combo < 4; ++combo) {
+    const Shape3 s{bool(combo & 1), bool(combo & 2), 50, 90, 301, 2};
+    const Operands o = make(s, 70 + combo);
+    std::vector<float> hw(s.M * o.ldc, 0.0f), emu(hw);
+    gemm_bf16(kernels::Bf16Gemm::Amx, s.ta, s.tb, s.M, s.N, s.K, o.A.data(), o.lda, o.B.data(), o.ldb, hw.data(), o.ldc);
+    kernels::gemm_bf16_tile_emulation(s.ta, s.tb, s.M, s.N, s.K, o.A.data(), o.lda, o.B.data(), o.ldb, emu.data(),
+                                      o.ldc);
+    expect_rounded_product(s, o, hw, std::vector<float>(hw.size(), 0.0f), false);
+    EXPECT_EQ(std::memcmp(hw.data(), emu.data(), hw.size() * 4), 0) << "hardware tiles differ from the emulation";
+  }
+}
+
 // The fast kernel against the reference directly, on the training shapes of a small model (the
 // forward X.W^T, dX = dY.W, dW = dY^T.X).
 TEST(GemmBf16Fast, TrainingShapesMatchReference) {
@@ -231,6 +278,10 @@ TEST(Bf16GemmChoice, RuleNeedsAClearlyHigherBf16Peak) {
   EXPECT_EQ(choose_bf16_gemm({200, 250}), Bf16Gemm::Rounded);  // 1.25x: not worth a kernel change
   EXPECT_EQ(choose_bf16_gemm({200, 260}), Bf16Gemm::Dpbf16);
   EXPECT_EQ(choose_bf16_gemm({200, 0}), Bf16Gemm::Rounded);  // no vdpbf16ps
+  // Tiles win when clearly above the better vector path (Sapphire Rapids-like: half-rate dpbf16).
+  EXPECT_EQ(choose_bf16_gemm({179, 86, 1200}), Bf16Gemm::Amx);
+  EXPECT_EQ(choose_bf16_gemm({263, 485, 560}), Bf16Gemm::Dpbf16);  // 1.15x: stay on vdpbf16ps
+  EXPECT_EQ(choose_bf16_gemm({179, 86, 200}), Bf16Gemm::Rounded);
 }
 
 TEST(Bf16GemmChoice, NamesParseAndBadOnesAreErrors) {
@@ -245,7 +296,8 @@ TEST(Bf16GemmChoice, NamesParseAndBadOnesAreErrors) {
     EXPECT_NE(std::string(e.what()).find("'fast'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("dpbf16"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(kernels::parse_bf16_gemm("amx"), ValueError);
+  EXPECT_EQ(kernels::parse_bf16_gemm("amx"), Bf16Gemm::Amx);
+  EXPECT_STREQ(kernels::bf16_gemm_name(Bf16Gemm::Amx), "amx");
 }
 
 TEST(Bf16GemmChoice, SetOverridesAndUnsupportedIsRefused) {
@@ -258,6 +310,9 @@ TEST(Bf16GemmChoice, SetOverridesAndUnsupportedIsRefused) {
     ScopedIsa isa(Isa::Avx512 <= detected_isa() ? Isa::Avx512 : Isa::Reference);
     EXPECT_FALSE(kernels::bf16_gemm_supported(Bf16Gemm::Dpbf16));
     EXPECT_THROW(kernels::set_bf16_gemm(Bf16Gemm::Dpbf16), ValueError);
+    EXPECT_THROW(kernels::set_bf16_gemm(Bf16Gemm::Amx), ValueError);
+    float x = 1.0f;
+    EXPECT_THROW(gemm_bf16(Bf16Gemm::Dpbf16, false, false, 1, 1, 1, &x, 1, &x, 1, &x, 1), ValueError);
   }
   if (kernels::bf16_gemm_supported(Bf16Gemm::Dpbf16)) {
     kernels::set_bf16_gemm(Bf16Gemm::Dpbf16);
@@ -280,6 +335,9 @@ TEST(Bf16GemmChoice, KnobOverridesTheMeasurement) {
   }
   if (kernels::bf16_gemm_supported(Bf16Gemm::Dpbf16)) {
     EXPECT_EQ(resolve_bf16_gemm("dpbf16").kernel, Bf16Gemm::Dpbf16);
+  }
+  if (!kernels::bf16_gemm_supported(Bf16Gemm::Amx)) {
+    EXPECT_THROW(resolve_bf16_gemm("amx"), ValueError);
   }
   {
     ScopedIsa isa(Isa::Reference);

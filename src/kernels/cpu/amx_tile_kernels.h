@@ -26,6 +26,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/cpu/gemm_bf16_tiles.h"
 #include "kernels/cpu/gemm_paths.h"
 #include "kernels/cpu/linear_int8.h"
 
@@ -160,6 +161,80 @@ void tile_linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64
                          }
                        }
                      });
+  T::release();
+}
+
+// gemm_bf16 (gemm_paths.h, "bf16 GEMM") on tiles: the rows and panels of the vector kernel, packed
+// by the vector traits V (gemm_bf16_tiles.h), padded with zeros to whole tiles (16 rows, 16
+// k-pairs); a panel's 16 columns at c of 16 k-pairs are one B tile (stride 256 bytes, as above).
+// Per 16-row x 64-column block the four C tiles are zeroed (first k-block) or loaded from the
+// carry, run over the k-block's k tiles in order and stored back to the carry, which the last
+// k-block writes to C. Each element's sum runs over the k tiles in order from zero whatever M, so
+// rows are batch invariant.
+template <class T, class V>
+void tile_gemm_bf16_block(const GemmBf16Args& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* scratch) {
+  const int64_t stride = gemm_bf16_tile_row_stride(g.kp), pairs_k = g.kp / 2;
+  const int64_t kblocks = (pairs_k + kBf16KPairs - 1) / kBf16KPairs;
+  const int64_t rows = m1 - m0, padded_rows = (rows + kTileRows - 1) / kTileRows * kTileRows;
+  uint32_t* arows = static_cast<uint32_t*>(scratch);
+  uint32_t* panel = reinterpret_cast<uint32_t*>(static_cast<char*>(scratch) + gemm_bf16_tile_rows_bytes(g.kp));
+  float* carry = reinterpret_cast<float*>(panel + kBf16KPairs * kBf16Panel);
+  constexpr int64_t kCarryStride = kBf16Panel * 4;  // bytes per carried row
+  T::configure();
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    const int64_t p0 = kb * kBf16KPairs, pairs = pairs_k - p0 < kBf16KPairs ? pairs_k - p0 : kBf16KPairs;
+    const int64_t ktiles = (pairs + 15) / 16, tp = ktiles * 16;
+    bf16_pack_rows<V>(g, m0, m1, p0, pairs, arows, stride);
+    for (int64_t r = 0; r < rows; ++r) std::memset(arows + r * stride + pairs, 0, static_cast<size_t>(tp - pairs) * 4);
+    for (int64_t r = rows; r < padded_rows; ++r) std::memset(arows + r * stride, 0, static_cast<size_t>(tp) * 4);
+    // The loads below are asm without memory operands: the rows just written must be visible.
+    __asm__ volatile("" ::: "memory");
+    for (int64_t j0 = n0; j0 < n1; j0 += kBf16Panel) {
+      const int64_t cols = n1 - j0 < kBf16Panel ? n1 - j0 : kBf16Panel;
+      float* panel_carry = carry + ((j0 - n0) / kBf16Panel) * kGemmRowBlock * kBf16Panel;
+      bf16_pack_panel<V>(g, j0, cols, p0, pairs, panel);
+      for (int64_t p = pairs; p < tp; ++p) std::memset(panel + p * kBf16Panel, 0, kBf16Panel * 4);
+      __asm__ volatile("" ::: "memory");
+      for (int64_t i = 0; i < rows; i += kTileRows) {
+        uint8_t* c = reinterpret_cast<uint8_t*>(panel_carry + i * kBf16Panel);
+        if (kb == 0) {
+          T::template zero<0>();
+          T::template zero<1>();
+          T::template zero<2>();
+          T::template zero<3>();
+        } else {
+          T::template load<0>(c, kCarryStride);
+          T::template load<1>(c + 64, kCarryStride);
+          T::template load<2>(c + 128, kCarryStride);
+          T::template load<3>(c + 192, kCarryStride);
+        }
+        for (int64_t kt = 0; kt < ktiles; ++kt) {
+          const uint8_t* b = reinterpret_cast<const uint8_t*>(panel + kt * 16 * kBf16Panel);
+          T::template load<4>(arows + i * stride + kt * 16, stride * 4);
+          T::template load<6>(b, kPanelRowBytes);
+          T::template dp_bf16<0, 4, 6>();
+          T::template load<7>(b + 64, kPanelRowBytes);
+          T::template dp_bf16<1, 4, 7>();
+          T::template load<6>(b + 128, kPanelRowBytes);
+          T::template dp_bf16<2, 4, 6>();
+          T::template load<7>(b + 192, kPanelRowBytes);
+          T::template dp_bf16<3, 4, 7>();
+        }
+        T::template store<0>(c, kCarryStride);
+        T::template store<1>(c + 64, kCarryStride);
+        T::template store<2>(c + 128, kCarryStride);
+        T::template store<3>(c + 192, kCarryStride);
+        if (kb + 1 < kblocks) continue;
+        __asm__ volatile("" ::: "memory");
+        const float* acc = panel_carry + i * kBf16Panel;
+        for (int64_t r = 0; r < kTileRows && i + r < rows; ++r) {
+          float* out = g.C + (m0 + i + r) * g.ldc + j0;
+          const float* s = acc + r * kBf16Panel;
+          for (int64_t j = 0; j < cols; ++j) out[j] = g.accumulate ? out[j] + s[j] : s[j];
+        }
+      }
+    }
+  }
   T::release();
 }
 

@@ -29,23 +29,30 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 // rounded operands through gemm_f32 on Avx2/Avx512, the scalar reference on Reference.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate = false);
+enum class Bf16Gemm;
+// The same contract on an explicit kernel (Bf16Gemm below): Rounded = rounded copies through
+// gemm_f32 (the reference on Isa::Reference), Dpbf16 = vdpbf16ps, Amx = tdpbf16ps tiles.
+// ValueError if !bf16_gemm_supported(kernel).
+void gemm_bf16(Bf16Gemm kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate = false);
 
 // The kernel bf16-compute training uses for its products, chosen once per process:
 //   Rounded  operands rounded to bf16 into fp32 copies, multiplied by gemm_f32 (any CPU)
 //   Dpbf16   gemm_bf16 on vdpbf16ps (needs active_isa() >= Avx512Bf16)
-// (CORELM_BF16_GEMM also spells amx: no AMX tile GEMM exists yet, so it is refused by name.)
-enum class Bf16Gemm { Rounded, Dpbf16 };
-const char* bf16_gemm_name(Bf16Gemm k);        // "rounded" | "dpbf16"
+//   Amx      gemm_bf16 on tdpbf16ps tiles (needs active_isa() == Amx)
+enum class Bf16Gemm { Rounded, Dpbf16, Amx };
+const char* bf16_gemm_name(Bf16Gemm k);        // "rounded" | "dpbf16" | "amx"
 Bf16Gemm parse_bf16_gemm(std::string_view name);  // ValueError naming the accepted values
 bool bf16_gemm_supported(Bf16Gemm k);          // on this CPU under active_isa()
 
-// The selection rule, by measured peaks and never by vendor name: vdpbf16ps when its peak is at
-// least kBf16GemmMinSpeedup times the fp32 FMA peak (AMD Zen4/Zen5 issue it at the full rate:
-// 485 vs 263 GFLOP/s measured on a Zen5 core), else the rounded fp32 path (on Intel cores before
-// AMX it issues at half the FMA rate, so a bf16 GEMM would be slower than fp32).
+// The selection rule, by measured peaks and never by vendor name: AMX tiles when their tdpbf16ps
+// peak is at least kBf16GemmMinSpeedup times the better of the other two; else vdpbf16ps when its
+// peak is at least kBf16GemmMinSpeedup times the fp32 FMA peak (AMD Zen4/Zen5 issue it at the full
+// rate: 485 vs 263 GFLOP/s measured on a Zen5 core); else the rounded fp32 path (on Intel cores
+// before AMX vdpbf16ps issues at half the FMA rate, so a bf16 GEMM would be slower than fp32).
 inline constexpr double kBf16GemmMinSpeedup = 1.3;
 struct Bf16GemmPeaks {
-  double fp32_gflops = 0, dpbf16_gflops = 0;  // 0: not available
+  double fp32_gflops = 0, dpbf16_gflops = 0, amx_gflops = 0;  // 0: not available
 };
 Bf16Gemm choose_bf16_gemm(const Bf16GemmPeaks& peaks);
 
@@ -54,7 +61,7 @@ struct Bf16GemmChoice {
   Bf16GemmPeaks peaks;     // measured (zeros when the choice was not measured)
   std::string source;      // "measured", "CORELM_BF16_GEMM" or "set" (set_bf16_gemm)
 };
-// The process's choice: CORELM_BF16_GEMM=auto|dpbf16|rounded (auto or unset: measure ~3 ms of
+// The process's choice: CORELM_BF16_GEMM=auto|amx|dpbf16|rounded (auto or unset: measure ~3 ms of
 // each peak on the calling core, then choose_bf16_gemm) on first use, or what set_bf16_gemm
 // stored. ValueError for an unknown value or a kernel this CPU lacks.
 Bf16GemmChoice bf16_gemm_choice();

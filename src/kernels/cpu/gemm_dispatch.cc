@@ -209,28 +209,22 @@ std::vector<float> rounded_copy(const float* x, int64_t rows, int64_t cols, int6
   return out;
 }
 
-}  // namespace
-
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  CORELM_CHECK(M >= 0 && N >= 0 && K >= 0, ValueError, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-    return;
-  }
-  const Isa isa = active_isa();
-  if (isa == Isa::Reference)
+// The rounded-operand path: the same contract through gemm_f32 (a product of two bf16 values is
+// exact in fp32), or the scalar reference on the reference path.
+void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                       const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  if (active_isa() == Isa::Reference)
     return reference::gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
-  if (static_cast<int>(isa) < static_cast<int>(Isa::Avx512Bf16)) {
-    // No bf16 dot product: the same contract as rounded fp32 operands (a product of two bf16
-    // values is exact in fp32).
-    const std::vector<float> a = trans_a ? rounded_copy(A, K, M, lda) : rounded_copy(A, M, K, lda);
-    const std::vector<float> b = trans_b ? rounded_copy(B, N, K, ldb) : rounded_copy(B, K, N, ldb);
-    return gemm_f32(trans_a, trans_b, M, N, K, 1.0f, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N,
-                    accumulate ? 1.0f : 0.0f, C, ldc);
-  }
+  const std::vector<float> a = trans_a ? rounded_copy(A, K, M, lda) : rounded_copy(A, M, K, lda);
+  const std::vector<float> b = trans_b ? rounded_copy(B, N, K, ldb) : rounded_copy(B, K, N, ldb);
+  gemm_f32(trans_a, trans_b, M, N, K, 1.0f, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N,
+           accumulate ? 1.0f : 0.0f, C, ldc);
+}
+
+// The packed kernels' task grid (gemm_paths.h) with per-thread scratch of `bytes`.
+void gemm_bf16_blocks(GemmBf16BlockFn kernel, size_t bytes, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                      int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                      bool accumulate) {
   GemmBf16Args g;
   g.trans_a = trans_a;
   g.trans_b = trans_b;
@@ -246,7 +240,6 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   g.ldc = ldc;
   g.accumulate = accumulate;
   const int64_t col_blocks = blocks(N, kGemmColBlock);
-  const size_t bytes = static_cast<size_t>(gemm_bf16_scratch_bytes(g.kp));
   // As in run_packed_linear: a thread rounds a row block of op(A) once per call and reuses it for
   // the later column blocks it runs (tasks go column block fastest).
   static std::atomic<uint64_t> calls{0};
@@ -259,19 +252,66 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     thread_local uint64_t rounded_call = 0;
     thread_local int64_t rounded_m0 = -1;
     thread_local void* rounded_buf = nullptr;
+    thread_local GemmBf16BlockFn rounded_by = nullptr;
     void* buf = own.get(bytes);
-    const bool ready = rounded_call == call && rounded_m0 == m0 && buf == rounded_buf;
-    avx512_bf16::gemm_bf16_block(g, m0, m1, n0, n1, buf, ready);
+    const bool ready = rounded_call == call && rounded_m0 == m0 && buf == rounded_buf && rounded_by == kernel;
+    kernel(g, m0, m1, n0, n1, buf, ready);
     rounded_call = call;
     rounded_m0 = m0;
     rounded_buf = buf;
+    rounded_by = kernel;
   });
+}
+
+// Sizes and the degenerate cases shared by every gemm_bf16 entry; true when there is work left.
+bool gemm_bf16_prologue(int64_t M, int64_t N, int64_t K, float* C, int64_t ldc, bool accumulate) {
+  CORELM_CHECK(M >= 0 && N >= 0 && K >= 0, ValueError, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
+  if (M == 0 || N == 0) return false;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  const bool dp = static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx512Bf16);
+  gemm_bf16(dp ? Bf16Gemm::Dpbf16 : Bf16Gemm::Rounded, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+void gemm_bf16(Bf16Gemm kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  CORELM_CHECK(bf16_gemm_supported(kernel), ValueError, "gemm_bf16: kernel ", bf16_gemm_name(kernel),
+               " is not available on this CPU under CORELM_ISA=", isa_name(active_isa()));
+  if (!gemm_bf16_prologue(M, N, K, C, ldc, accumulate)) return;
+  const int64_t kp = (K + 1) / 2 * 2;
+  switch (kernel) {
+    case Bf16Gemm::Rounded: return gemm_bf16_rounded(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+    case Bf16Gemm::Dpbf16:
+      return gemm_bf16_blocks(avx512_bf16::gemm_bf16_block, static_cast<size_t>(gemm_bf16_scratch_bytes(kp)),
+                              trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+    case Bf16Gemm::Amx:
+      return gemm_bf16_blocks(amx::gemm_bf16_block, static_cast<size_t>(gemm_bf16_tile_scratch_bytes(kp)), trans_a,
+                              trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+  }
+}
+
+void gemm_bf16_tile_emulation(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+                              int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  if (!gemm_bf16_prologue(M, N, K, C, ldc, accumulate)) return;
+  gemm_bf16_blocks(amx_emulated::gemm_bf16_block, static_cast<size_t>(gemm_bf16_tile_scratch_bytes((K + 1) / 2 * 2)),
+                   trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 }
 
 const char* bf16_gemm_name(Bf16Gemm k) {
   switch (k) {
     case Bf16Gemm::Rounded: return "rounded";
     case Bf16Gemm::Dpbf16: return "dpbf16";
+    case Bf16Gemm::Amx: return "amx";
   }
   return "?";
 }
@@ -279,17 +319,22 @@ const char* bf16_gemm_name(Bf16Gemm k) {
 Bf16Gemm parse_bf16_gemm(std::string_view name) {
   if (name == "rounded") return Bf16Gemm::Rounded;
   if (name == "dpbf16") return Bf16Gemm::Dpbf16;
-  if (name == "amx")
-    throw ValueError("bf16 GEMM kernel 'amx': no AMX tile GEMM for training exists yet (expected auto, dpbf16 "
-                     "or rounded)");
-  throw ValueError("unknown bf16 GEMM kernel '" + std::string(name) + "' (expected auto, dpbf16 or rounded)");
+  if (name == "amx") return Bf16Gemm::Amx;
+  throw ValueError("unknown bf16 GEMM kernel '" + std::string(name) + "' (expected auto, amx, dpbf16 or rounded)");
 }
 
 bool bf16_gemm_supported(Bf16Gemm k) {
-  return k == Bf16Gemm::Rounded || static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx512Bf16);
+  switch (k) {
+    case Bf16Gemm::Rounded: return true;
+    case Bf16Gemm::Dpbf16: return static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx512Bf16);
+    case Bf16Gemm::Amx: return active_isa() == Isa::Amx;
+  }
+  return false;
 }
 
 Bf16Gemm choose_bf16_gemm(const Bf16GemmPeaks& peaks) {
+  const double best_vector = std::max(peaks.fp32_gflops, peaks.dpbf16_gflops);
+  if (peaks.amx_gflops > 0 && peaks.amx_gflops >= kBf16GemmMinSpeedup * best_vector) return Bf16Gemm::Amx;
   if (peaks.dpbf16_gflops > 0 && peaks.dpbf16_gflops >= kBf16GemmMinSpeedup * peaks.fp32_gflops)
     return Bf16Gemm::Dpbf16;
   return Bf16Gemm::Rounded;
@@ -319,7 +364,8 @@ Bf16GemmChoice resolve_bf16_gemm(const char* env) {
       throw ValueError(std::string("CORELM_BF16_GEMM: ") + e.what());
     }
     CORELM_CHECK(bf16_gemm_supported(k), ValueError, "CORELM_BF16_GEMM=", env, ": this CPU (under CORELM_ISA=",
-                 isa_name(active_isa()), ") has no vdpbf16ps; use rounded or auto");
+                 isa_name(active_isa()), ") has no ", k == Bf16Gemm::Amx ? "AMX tiles" : "vdpbf16ps",
+                 "; use rounded or auto");
     c.kernel = k;
     c.source = "CORELM_BF16_GEMM";
     return c;
@@ -327,6 +373,7 @@ Bf16GemmChoice resolve_bf16_gemm(const char* env) {
   constexpr double kProbeSeconds = 0.003;
   c.peaks.fp32_gflops = fp32_fma_peak_gflops(kProbeSeconds);
   c.peaks.dpbf16_gflops = bf16_dot_peak_gflops(kProbeSeconds);
+  c.peaks.amx_gflops = amx_bf16_peak_gflops(kProbeSeconds);
   c.kernel = choose_bf16_gemm(c.peaks);
   c.source = "measured";
   return c;
@@ -339,8 +386,9 @@ Bf16GemmChoice bf16_gemm_choice() {
 }
 
 void set_bf16_gemm(Bf16Gemm k) {
-  CORELM_CHECK(bf16_gemm_supported(k), ValueError, "bf16 GEMM kernel ", bf16_gemm_name(k),
-               " needs vdpbf16ps, which this CPU (under CORELM_ISA=", isa_name(active_isa()), ") lacks");
+  CORELM_CHECK(bf16_gemm_supported(k), ValueError, "bf16 GEMM kernel ", bf16_gemm_name(k), " needs ",
+               k == Bf16Gemm::Amx ? "AMX tiles" : "vdpbf16ps", ", which this CPU (under CORELM_ISA=",
+               isa_name(active_isa()), ") lacks");
   std::lock_guard<std::mutex> lock(choice_mutex());
   Bf16GemmChoice c;
   c.kernel = k;

@@ -97,6 +97,17 @@ inline constexpr int64_t gemm_bf16_rows_bytes(int64_t kp) {
 inline constexpr int64_t gemm_bf16_scratch_bytes(int64_t kp) {
   return gemm_bf16_rows_bytes(kp) + (kBf16KPairs * kBf16Panel + kGemmRowBlock * kGemmColBlock) * 4;
 }
+// The AMX tile GEMM (amx_tile_kernels.h) reads its rows 16 pairs (one A tile row) at a time, so its
+// row stride holds whole tiles per k-block, plus the same slack.
+inline constexpr int64_t gemm_bf16_tile_row_stride(int64_t kp) {
+  return ((kp / 2 < kBf16KPairs ? kp / 2 : kBf16KPairs) + 15) / 16 * 16 + 16;
+}
+inline constexpr int64_t gemm_bf16_tile_rows_bytes(int64_t kp) {
+  return (kGemmRowBlock * gemm_bf16_tile_row_stride(kp) * 4 + 63) / 64 * 64;
+}
+inline constexpr int64_t gemm_bf16_tile_scratch_bytes(int64_t kp) {
+  return gemm_bf16_tile_rows_bytes(kp) + (kBf16KPairs * kBf16Panel + kGemmRowBlock * kGemmColBlock) * 4;
+}
 // Computes C rows [m0, m1) x columns [n0, n1) (block sizes as GemmF32BlockFn). `rows_ready`: the
 // scratch already holds rows [m0, m1) of this call's op(A), rounded by the same kernel.
 using GemmBf16BlockFn = void (*)(const GemmBf16Args&, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
@@ -136,6 +147,9 @@ namespace amx {
 // `iters` rounds of 4 independent tdpbf16ps (int8: tdpbusd) on 16 x 64-byte tiles.
 inline constexpr int kAmxPeakTiles = 4;
 float tile_peak_loop(int64_t iters, bool int8);
+// gemm_bf16 on tdpbf16ps (scratch: gemm_bf16_tile_scratch_bytes; rows_ready is ignored).
+void gemm_bf16_block(const GemmBf16Args&, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* scratch,
+                     bool rows_ready);
 void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
                        bool x_ready);
 }  // namespace amx
@@ -143,6 +157,8 @@ void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0
 namespace amx_emulated {
 void linear_bf16_block(const LinearBf16Args&, int64_t m0, int64_t m1, int64_t p0, int64_t p1, void* xbuf,
                        bool x_ready);
+void gemm_bf16_block(const GemmBf16Args&, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* scratch,
+                     bool rows_ready);
 }  // namespace amx_emulated
 
 }  // namespace corelm::kernels

@@ -23,7 +23,7 @@ void lm_head_loss(const LmHeadLoss& a, float* row_loss, float grad_scale, float*
     float* z = logits.data();
     const float* hid = a.hidden + r0 * a.h;
     if (a.bf16_products)
-      gemm_bf16(false, true, rows, a.v, a.h, hid, a.h, a.weight, a.h, z, a.v);
+      gemm_bf16(a.bf16_kernel, false, true, rows, a.v, a.h, hid, a.h, a.weight, a.h, z, a.v);
     else
       gemm_f32(false, true, rows, a.v, a.h, 1.0f, hid, a.h, a.weight, a.h, 0.0f, z, a.v);
     if (a.offset) {
@@ -39,8 +39,8 @@ void lm_head_loss(const LmHeadLoss& a, float* row_loss, float grad_scale, float*
     fast::cross_entropy_forward_grad_inplace(z, a.targets + r0, rows, a.v, a.ignore_index, grad_scale, row_loss + r0);
     // z now holds this chunk's scaled softmax gradient G [rows, v].
     if (a.bf16_products) {
-      gemm_bf16(false, false, rows, a.h, a.v, z, a.v, a.weight, a.h, grad_hidden + r0 * a.h, a.h);
-      gemm_bf16(true, false, a.v, a.h, rows, z, a.v, hid, a.h, grad_weight, a.h, r0 != 0);
+      gemm_bf16(a.bf16_kernel, false, false, rows, a.h, a.v, z, a.v, a.weight, a.h, grad_hidden + r0 * a.h, a.h);
+      gemm_bf16(a.bf16_kernel, true, false, a.v, a.h, rows, z, a.v, hid, a.h, grad_weight, a.h, r0 != 0);
     } else {
       gemm_f32(false, false, rows, a.h, a.v, 1.0f, z, a.v, a.weight, a.h, 0.0f, grad_hidden + r0 * a.h, a.h);
       gemm_f32(true, false, a.v, a.h, rows, 1.0f, z, a.v, hid, a.h, r0 == 0 ? 0.0f : 1.0f, grad_weight, a.h);

@@ -10,6 +10,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cpu/gemm.h"
+
 namespace corelm::kernels {
 
 // 256 rows: measured best of 64..1024 at the tiny shape (V 16384, H 256): smaller chunks pass over
@@ -22,9 +24,10 @@ struct LmHeadLoss {
   const float* offset = nullptr;   // [v] subtracted from every row's logits, or null
   const int64_t* targets = nullptr;  // [n], each in [0, v) or ignore_index
   int64_t n = 0, h = 0, v = 0, ignore_index = -100;
-  // The three products on gemm_bf16 (hidden, weight and the softmax gradient rounded to bf16,
-  // fp32 accumulation) instead of gemm_f32 on the values as given.
+  // The three products on gemm_bf16 with this kernel (hidden, weight and the softmax gradient
+  // rounded to bf16, fp32 accumulation) instead of gemm_f32 on the values as given.
   bool bf16_products = false;
+  Bf16Gemm bf16_kernel = Bf16Gemm::Dpbf16;
 };
 
 // row_loss[i] = logsumexp(z_i) - z_i[target_i] with z_i = hidden_i . weight^T - offset (0 for an

@@ -90,6 +90,21 @@ struct EmulatedTiles {
   }
 };
 
+// Packing traits of gemm_bf16_tiles.h in plain C++ (the same bits as the vector traits).
+struct ScalarPairs {
+  static constexpr int kWidth = 16;
+  static void round_row(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t t = 0; t < n; ++t) out[t] = static_cast<uint16_t>(bf16_bits(x[t]));
+  }
+  static void round_pairs(const float* even, const float* odd, int64_t n, uint32_t* out) {
+    for (int64_t q = 0; q < n; ++q) out[q] = bf16_bits(even[q]) | (odd ? bf16_bits(odd[q]) << 16 : 0u);
+  }
+  static void transpose_pairs(const uint32_t* src, int64_t ss, uint32_t* dst, int64_t ds) {
+    for (int r = 0; r < kWidth; ++r)
+      for (int c = 0; c < kWidth; ++c) dst[c * ds + r] = src[r * ss + c];
+  }
+};
+
 void round_rows_scalar(const LinearBf16Args& a, int64_t m0, int64_t m1, uint16_t* out) {
   for (int64_t i = m0; i < m1; ++i) {
     uint16_t* o = out + (i - m0) * a.kp;
@@ -107,6 +122,10 @@ void linear_bf16_block(const LinearBf16Args& a, int64_t m0, int64_t m1, int64_t 
 
 void linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   tile_linear_int8_block<EmulatedTiles>(a, m0, m1, p0, p1);
+}
+
+void gemm_bf16_block(const GemmBf16Args& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* scratch, bool) {
+  tile_gemm_bf16_block<EmulatedTiles, ScalarPairs>(g, m0, m1, n0, n1, scratch);
 }
 
 }  // namespace corelm::kernels::amx_emulated

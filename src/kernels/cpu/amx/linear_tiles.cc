@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/amx_tile_kernels.h"
+#include "kernels/cpu/avx512_bf16/gemm_bf16_vec.h"
 
 namespace corelm::kernels::amx {
 namespace {
@@ -90,6 +91,10 @@ void linear_bf16_block(const LinearBf16Args& a, int64_t m0, int64_t m1, int64_t 
 
 void linear_int8_block(const LinearI8Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   tile_linear_int8_block<HardwareTiles>(a, m0, m1, p0, p1);
+}
+
+void gemm_bf16_block(const GemmBf16Args& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* scratch, bool) {
+  tile_gemm_bf16_block<HardwareTiles, avx512_bf16::Dp16>(g, m0, m1, n0, n1, scratch);
 }
 
 }  // namespace corelm::kernels::amx
