@@ -7,7 +7,8 @@
 # Env: CORELM (the binary, default build/release/corelm), THREADS (default: all cores),
 #      VOCAB (BPE vocabulary, default 16384), MAN_RENDER=groff|strip (man pages rendered with
 #      groff, the default when installed, or roff requests stripped by sed: ~50x faster, rougher),
-#      JOBS (parallel renderers, default THREADS).
+#      JOBS (parallel renderers, default THREADS), SHARED_DATA (the project's shared data folder,
+#      default ../shared/data: its IMDB reviews are added when present).
 # Writes OUT_DIR/src/<source>/... (the text, per source), OUT_DIR/sources.tsv (bytes per source),
 # OUT_DIR/corpus.bin (+ .json), corpus.val.bin (+ .json), corpus.tokenizer.json and
 # OUT_DIR/report.json (the build report). A source whose package is missing is skipped with a note.
@@ -77,11 +78,17 @@ else
   note "html2text missing: HTML manuals skipped"
 fi
 
-# dictd dictionaries (.dict.dz is gzip). English monolingual ones only.
+# dictd dictionaries (.dict.dz is gzip), English monolingual ones only, with their markup removed:
+# {cross references}, <category> tags, GCIDE's \pro*nun"ci*a`tion\ and [1913 Webster] lines.
 mkdir -p "$src/dict"
 for d in jargon devil foldoc gcide wn; do
   f=/usr/share/dictd/$d.dict.dz
-  if [[ -e $f ]]; then ln -sf "$f" "$src/dict/$d.dict.gz"; else note "dict-$d not installed"; fi
+  if [[ -e $f ]]; then
+    zcat "$f" | sed -E -e 's/[{}]//g' -e '/^ *\[[0-9]{4} Webster\] *$/d' -e 's/\\[^\\ ]*\\//g' \
+      -e 's/^( *)<[a-z0-9, ]+> /\1/' > "$src/dict/$d.txt"
+  else
+    note "dict-$d not installed"
+  fi
 done
 
 # The King James Bible, one paragraph per chapter.
@@ -103,7 +110,7 @@ if [[ -d /usr/share/games/fortunes ]]; then
 fi
 
 # IMDB reviews from the shared data, when present: one review a paragraph, <br /> as line breaks.
-imdb=../shared/data/corpus/imdb_unsup_50k.txt.zst
+imdb=${SHARED_DATA:-../shared/data}/corpus/imdb_unsup_50k.txt.zst
 if [[ -e $imdb ]]; then
   mkdir -p "$src/imdb"
   zstd -dc "$imdb" | sed -e 's#<br /><br />#\n#g' -e 's#<br />#\n#g' -e 's/$/\n/' > "$src/imdb/imdb_unsup.txt"

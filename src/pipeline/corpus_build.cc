@@ -50,6 +50,10 @@ class Progress {
   void update(const char* phase, double fraction, const std::string& detail, bool force = false) {
     if (!on_) return;
     const double t = now_s();
+    if (phase != phase_) {  // the ETA of each phase is from its own start
+      phase_ = phase;
+      start_ = t;
+    }
     if (!force && t - last_ < (tty_ ? 0.5 : 10.0)) return;
     last_ = t;
     const double el = t - start_;
@@ -74,6 +78,7 @@ class Progress {
   }
   bool on_, tty_, dirty_ = false;
   double start_, last_;
+  std::string phase_;
 };
 
 // The kept paragraphs' normalised text, in an unlinked file beside the output (gone even after
