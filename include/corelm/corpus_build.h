@@ -104,7 +104,8 @@ struct CorpusBuildReport {
 
 // Builds the corpus. Every output file is written under a temp name and renamed into place only
 // once all of them are complete, so a failed build (bad input, full disk) leaves the previous
-// files (or none), never a partial one. Errors: IOError/FormatError naming the file (and byte
+// files (or none), never a partial one. Temp files a killed build left beside the output (their
+// writer's pid is dead) are removed at the start. Errors: IOError/FormatError naming the file (and byte
 // offset for damaged .gz/.zst), ValueError for bad options or when nothing is left to write.
 // Uses the process thread pool (set_num_threads) for filtering and tokenization.
 CorpusBuildReport build_corpus(const CorpusBuildOptions& options);

@@ -211,6 +211,29 @@ struct TempFile {
   }
 };
 
+// Temp files of earlier builds of the same output whose writer is dead (killed with -9 or by a
+// power cut: an error path removes its own). Their names are those AtomicWriter and
+// unique_sibling give: "<name>.tmp.<pid>.<n>" and ".<name>.<tag>.<pid>.<n>..." beside the output.
+void remove_dead_temp_files(const std::string& output, const std::vector<std::string>& names) {
+  const fs::path dir = fs::path(output).parent_path().empty() ? fs::path(".") : fs::path(output).parent_path();
+  std::vector<std::string> prefixes;
+  for (const std::string& n : names)
+    for (const std::string& p : {n + ".tmp.", n + ".json.tmp.", "." + n + ".tmp.", "." + n + ".bpe-sample.",
+                                 "." + n + ".spill.", ".." + n + ".bpe-sample."})
+      prefixes.push_back(p);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    for (const std::string& p : prefixes) {
+      const long pid = temp_writer_pid(name, p);
+      if (pid > 0 && !process_alive(pid)) {
+        fs::remove(e.path(), ec);
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void CorpusBuildOptions::validate() const {
@@ -303,6 +326,8 @@ CorpusBuildReport build_corpus(const CorpusBuildOptions& o) {
     CORELM_CHECK(parent.empty() || fs::is_directory(parent, ec), IOError, "--out ", o.output, ": folder ",
                  parent.string(), " does not exist");
   }
+  remove_dead_temp_files(o.output, {fs::path(o.output).filename().string(), fs::path(val_path(o.output)).filename().string(),
+                                    fs::path(tokenizer_path(o.output)).filename().string()});
   uint64_t disk_total = 0, disk_done = 0;
   std::vector<uint64_t> disk_size(files.size());
   for (size_t i = 0; i < files.size(); ++i) {

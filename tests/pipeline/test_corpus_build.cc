@@ -356,6 +356,22 @@ TEST_F(CorpusBuildTest, AFailedBuildLeavesNoPartialOutput) {
   EXPECT_EQ(listing(dir_.path()), with_build);
 }
 
+TEST_F(CorpusBuildTest, TempFilesOfAKilledBuildAreRemovedByTheNext) {
+  write_file(dir_ / "a.txt", prose(1) + "\n\n" + prose(2));
+  // pid 2^22 + 1 is above Linux's pid_max limit, so never a live process; ours is alive.
+  const std::string dead = std::to_string((1 << 22) + 1), alive = std::to_string(::getpid());
+  const std::vector<std::string> litter{"corpus.bin.tmp." + dead + ".0", "corpus.val.bin.json.tmp." + dead + ".3",
+                                        ".corpus.bin.bpe-sample." + dead + ".1.txt",
+                                        ".corpus.tokenizer.json.tmp." + dead + ".2.json"};
+  for (const auto& n : litter) write_file(dir_ / n, "x");
+  write_file(dir_ / ("corpus.bin.tmp." + alive + ".99"), "x");  // a live writer's: kept
+  write_file(dir_ / ("other.bin.tmp." + dead + ".0"), "x");      // another output's: not ours to remove
+  pipeline::build_corpus(options({dir_ / "a.txt"}));
+  for (const auto& n : litter) EXPECT_FALSE(fs::exists(dir_ / n)) << n;
+  EXPECT_TRUE(fs::exists(dir_ / ("corpus.bin.tmp." + alive + ".99")));
+  EXPECT_TRUE(fs::exists(dir_ / ("other.bin.tmp." + dead + ".0")));
+}
+
 TEST_F(CorpusBuildTest, BadInputsAndOptionsAreClearErrors) {
   write_file(dir_ / "a.txt", prose(1) + "\n\n" + prose(2));
   auto build = [&](CorpusBuildOptions o) { return error_of([&] { pipeline::build_corpus(o); }); };
