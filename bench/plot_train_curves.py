@@ -27,7 +27,8 @@ def parse_label(label):
 
 
 def read_log(path):
-    steps, loss, val = [], [], []
+    """(x values, training losses, [(x, validation loss)], last step); x is the step or tokens seen."""
+    steps, loss, val, last = [], [], [], 0
     key = "tokens_seen" if X_AXIS == "tokens" else "step"
     with open(path) as f:
         for line in f:
@@ -35,10 +36,11 @@ def read_log(path):
                 continue
             rec = json.loads(line)
             steps.append(rec[key])
+            last = rec["step"]
             loss.append(rec["loss"])
             if "val_loss" in rec:
                 val.append((rec[key], rec["val_loss"]))
-    return steps, loss, val
+    return steps, loss, val, last
 
 
 def smooth(values):
@@ -77,11 +79,11 @@ def main():
 
     summary = {"runs": {}, "smoothing_window": WINDOW}
     smoothed = {}
-    for label, (steps, loss, val) in runs.items():
+    for label, (steps, loss, val, last) in runs.items():
         smoothed[label] = smooth(loss)
         tail = loss[-TAIL:]
         summary["runs"][label] = {
-            "steps": steps[-1] if steps else 0,
+            "steps": last,
             "final_train_loss": sum(tail) / len(tail) if tail else None,
             "final_val_loss": val[-1][1] if val else None,
             "val_curve": val,
@@ -105,13 +107,14 @@ def main():
                 va, vb = summary["runs"][labels[i]]["final_val_loss"], summary["runs"][labels[j]]["final_val_loss"]
                 if va is not None and vb is not None:
                     val_seed.append(abs(va - vb))
-    summary["compared_from_step"] = skip + 1
-    summary["max_abs_diff_f32_vs_bf16_same_seed"] = max(precision_gaps, default=None)
-    summary["max_abs_diff_seed_to_seed"] = max(seed_gaps, default=None)
-    summary["final_val_diff_f32_vs_bf16"] = max(val_precision, default=None)
-    summary["final_val_diff_seed_to_seed"] = max(val_seed, default=None)
-    p, n = summary["max_abs_diff_f32_vs_bf16_same_seed"], summary["max_abs_diff_seed_to_seed"]
-    summary["within_noise"] = p is not None and n is not None and p <= n
+    if any(seed for seed in seeds):  # an f32/bf16 comparison
+        summary["compared_from_step"] = skip + 1
+        summary["max_abs_diff_f32_vs_bf16_same_seed"] = max(precision_gaps, default=None)
+        summary["max_abs_diff_seed_to_seed"] = max(seed_gaps, default=None)
+        summary["final_val_diff_f32_vs_bf16"] = max(val_precision, default=None)
+        summary["final_val_diff_seed_to_seed"] = max(val_seed, default=None)
+        p, n = summary["max_abs_diff_f32_vs_bf16_same_seed"], summary["max_abs_diff_seed_to_seed"]
+        summary["within_noise"] = p is not None and n is not None and p <= n
     text = json.dumps(summary, indent=1)
     print(text)
     with open(out_json, "w") as f:
@@ -125,7 +128,7 @@ def main():
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = {"f32": "tab:blue", "bf16": "tab:orange"}
     styles = ["-", "--", ":", "-."]
-    for label, (steps, loss, val) in runs.items():
+    for label, (steps, loss, val, _) in runs.items():
         dt, seed = parse_label(label)
         style = styles[seeds.index(seed) % len(styles)]
         name = f"{dt} compute, seed {seed}" if seed else f"{dt}: training loss"

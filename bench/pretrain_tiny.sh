@@ -55,6 +55,6 @@ nice -n "$nice" "$bin" train $common --out "$run" --steps "$steps" --warmup $((s
   --eval-every $((steps / 12 + 1)) --eval-batches 16 --sample-tokens 24 --time-budget "$((budget + budget / 10))" \
   --save-every $((steps / 4 + 1)) --keep-checkpoints 1 | tee "$run.summary.json"
 mkdir -p "$(dirname "$png")"
-python3 "$here/bench/plot_train_curves.py" --x tokens \
-  --title "tiny (8.3M) pretraining on the Debian text corpus, $loss softmax, $batch x $seq tokens/step" \
+${PYTHON:-/usr/bin/python3} "$here/bench/plot_train_curves.py" --x tokens \
+  --title "tiny on the Debian text corpus ($batch x $seq tokens/step; train: $loss softmax, val: full)" \
   "$png" "$run.curve.json" "tiny=$run"
