@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Compares training-loss curves of fp32 and bf16-compute runs (bench/train_precision_curves.sh).
 
-    python3 bench/plot_train_curves.py OUT.png OUT.json LABEL=DIR [LABEL=DIR ...]
+    python3 bench/plot_train_curves.py [--title TITLE] [--x step|tokens] OUT.png OUT.json LABEL=DIR [LABEL=DIR ...]
 
 Each DIR holds a train_log.jsonl of `corelm train`; LABEL is "<dtype>_s<seed>" (e.g. f32_s1,
-bf16_s2). Prints (and writes to OUT.json) one JSON object: per run the final train loss (mean of
+bf16_s2), or any name for a single run (bench/pretrain_tiny.sh: no f32/bf16 comparison then).
+--x tokens puts tokens seen on the x axis instead of the optimizer step. Prints (and writes to OUT.json) one JSON object: per run the final train loss (mean of
 the last 20 steps), the final validation loss; and the largest gap between the smoothed curves of
 f32 and bf16 with the same seed, next to the largest gap between two seeds of the same dtype (the
 noise band). Smoothing: a centred moving average over 21 steps, since single-step losses jump by
@@ -17,18 +18,29 @@ WINDOW = 21
 TAIL = 20
 
 
+X_AXIS = "step"
+
+
+def parse_label(label):
+    dt, sep, seed = label.partition("_s")
+    return (dt, seed) if sep else (label, "")
+
+
 def read_log(path):
-    steps, loss, val = [], [], []
+    """(x values, training losses, [(x, validation loss)], last step); x is the step or tokens seen."""
+    steps, loss, val, last = [], [], [], 0
+    key = "tokens_seen" if X_AXIS == "tokens" else "step"
     with open(path) as f:
         for line in f:
             if not line.strip():
                 continue
             rec = json.loads(line)
-            steps.append(rec["step"])
+            steps.append(rec[key])
+            last = rec["step"]
             loss.append(rec["loss"])
             if "val_loss" in rec:
-                val.append((rec["step"], rec["val_loss"]))
-    return steps, loss, val
+                val.append((rec[key], rec["val_loss"]))
+    return steps, loss, val, last
 
 
 def smooth(values):
@@ -48,27 +60,37 @@ def max_gap(a, b, skip):
 
 
 def main():
-    if len(sys.argv) < 4:
+    global X_AXIS
+    args, title = sys.argv[1:], "fp32 vs bf16 compute (fp32 master weights and AdamW state)"
+    while args and args[0] in ("--title", "--x"):
+        if len(args) < 2:
+            sys.exit(__doc__)
+        if args[0] == "--title":
+            title = args[1]
+        else:
+            X_AXIS = args[1]
+        args = args[2:]
+    if len(args) < 3 or X_AXIS not in ("step", "tokens"):
         sys.exit(__doc__)
-    png, out_json, runs = sys.argv[1], sys.argv[2], {}
-    for arg in sys.argv[3:]:
+    png, out_json, runs = args[0], args[1], {}
+    for arg in args[2:]:
         label, _, d = arg.partition("=")
         runs[label] = read_log(d + "/train_log.jsonl")
 
     summary = {"runs": {}, "smoothing_window": WINDOW}
     smoothed = {}
-    for label, (steps, loss, val) in runs.items():
+    for label, (steps, loss, val, last) in runs.items():
         smoothed[label] = smooth(loss)
         tail = loss[-TAIL:]
         summary["runs"][label] = {
-            "steps": steps[-1] if steps else 0,
+            "steps": last,
             "final_train_loss": sum(tail) / len(tail) if tail else None,
             "final_val_loss": val[-1][1] if val else None,
             "val_curve": val,
         }
 
     skip = max(len(next(iter(runs.values()))[0]) // 10, WINDOW)
-    seeds = sorted({label.split("_s")[1] for label in runs})
+    seeds = sorted({parse_label(label)[1] for label in runs})
     precision_gaps, seed_gaps, val_precision, val_seed = [], [], [], []
     for s in seeds:
         a, b = f"f32_s{s}", f"bf16_s{s}"
@@ -85,13 +107,14 @@ def main():
                 va, vb = summary["runs"][labels[i]]["final_val_loss"], summary["runs"][labels[j]]["final_val_loss"]
                 if va is not None and vb is not None:
                     val_seed.append(abs(va - vb))
-    summary["compared_from_step"] = skip + 1
-    summary["max_abs_diff_f32_vs_bf16_same_seed"] = max(precision_gaps, default=None)
-    summary["max_abs_diff_seed_to_seed"] = max(seed_gaps, default=None)
-    summary["final_val_diff_f32_vs_bf16"] = max(val_precision, default=None)
-    summary["final_val_diff_seed_to_seed"] = max(val_seed, default=None)
-    p, n = summary["max_abs_diff_f32_vs_bf16_same_seed"], summary["max_abs_diff_seed_to_seed"]
-    summary["within_noise"] = p is not None and n is not None and p <= n
+    if any(seed for seed in seeds):  # an f32/bf16 comparison
+        summary["compared_from_step"] = skip + 1
+        summary["max_abs_diff_f32_vs_bf16_same_seed"] = max(precision_gaps, default=None)
+        summary["max_abs_diff_seed_to_seed"] = max(seed_gaps, default=None)
+        summary["final_val_diff_f32_vs_bf16"] = max(val_precision, default=None)
+        summary["final_val_diff_seed_to_seed"] = max(val_seed, default=None)
+        p, n = summary["max_abs_diff_f32_vs_bf16_same_seed"], summary["max_abs_diff_seed_to_seed"]
+        summary["within_noise"] = p is not None and n is not None and p <= n
     text = json.dumps(summary, indent=1)
     print(text)
     with open(out_json, "w") as f:
@@ -105,15 +128,17 @@ def main():
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = {"f32": "tab:blue", "bf16": "tab:orange"}
     styles = ["-", "--", ":", "-."]
-    for label, (steps, loss, val) in runs.items():
-        dt, seed = label.split("_s")
+    for label, (steps, loss, val, _) in runs.items():
+        dt, seed = parse_label(label)
         style = styles[seeds.index(seed) % len(styles)]
-        ax.plot(steps, smoothed[label], style, color=colors.get(dt, "gray"), label=f"{dt} compute, seed {seed}")
+        name = f"{dt} compute, seed {seed}" if seed else f"{dt}: training loss"
+        ax.plot(steps, smoothed[label], style, color=colors.get(dt, "tab:blue"), label=name)
         if val:
-            ax.plot([v[0] for v in val], [v[1] for v in val], "o", color=colors.get(dt, "gray"), ms=4)
-    ax.set_xlabel("optimizer step")
+            ax.plot([v[0] for v in val], [v[1] for v in val], "o", color=colors.get(dt, "tab:red"), ms=4,
+                    label=None if seed else f"{dt}: validation loss")
+    ax.set_xlabel("tokens seen" if X_AXIS == "tokens" else "optimizer step")
     ax.set_ylabel(f"training loss ({WINDOW}-step moving average); dots: validation")
-    ax.set_title("fp32 vs bf16 compute (fp32 master weights and AdamW state)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

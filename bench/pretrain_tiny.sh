@@ -1,0 +1,60 @@
+#!/bin/sh
+# Pretrains the `tiny` preset on the corpus scripts/build_corpus.sh built, for a time budget, and
+# plots the loss curve (docs/TRAINING.md, "Pretraining corpus and recipe").
+#
+#   bench/pretrain_tiny.sh [build dir] [corpus dir] [run dir]
+#       defaults: build/release, build/corpus, build/pretrain_tiny
+#
+# Environment: BUDGET (seconds of training, 900), BATCH (8), SEQ (128), LR (2e-3), LOSS (sampled:
+# the sampled softmax, ~3x the tokens per hour at the full-softmax validation loss; or full),
+# THREADS (1), NICE (10), PNG (docs/img/pretrain_tiny_loss.png), INIT (a model dir to continue
+# from, e.g. a previous run).
+# The number of steps is chosen so the cosine schedule ends with the budget: a 10-step probe
+# measures tokens/s first. Validation is the corpus's own validation file (corpus.val.bin), scored
+# on the same 16 batches at every evaluation; the plot shows the training loss (21-step moving
+# average) and the validation points. Prints the run summary and the curve summary as JSON.
+set -eu
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build/release}
+corpus=${2:-build/corpus}
+run=${3:-build/pretrain_tiny}
+case $build in /*) ;; *) build=$here/$build ;; esac
+bin=$build/corelm
+budget=${BUDGET:-900}
+batch=${BATCH:-8}
+seq=${SEQ:-128}
+lr=${LR:-2e-3}
+loss=${LOSS:-sampled}
+threads=${THREADS:-1}
+nice=${NICE:-10}
+png=${PNG:-$here/docs/img/pretrain_tiny_loss.png}
+for f in corpus.bin corpus.bin.json corpus.val.bin corpus.tokenizer.json; do
+  [ -s "$corpus/$f" ] || { echo "pretrain_tiny: $corpus/$f missing (run scripts/build_corpus.sh $corpus)" >&2; exit 1; }
+done
+# The validation split is exactly corpus.val.bin: train reads the two files as one and holds out
+# the last --val-fraction of the tokens.
+valfrac=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['data_build']['train_val_fraction'])" "$corpus/corpus.bin.json")
+init=""
+[ -n "${INIT:-}" ] && init="--init $INIT"
+common="--preset tiny --data $corpus/corpus.bin $corpus/corpus.val.bin --val-fraction $valfrac
+  --tokenizer $corpus/corpus.tokenizer.json --batch $batch --seq $seq --lr $lr --loss $loss --threads $threads $init"
+
+probe=$run.probe
+rm -rf "$probe"
+# shellcheck disable=SC2086
+tps=$(nice -n "$nice" "$bin" train $common --out "$probe" --steps 10 --warmup 2 --eval-batches 0 --sample-tokens 0 \
+        --save-every 0 --no-progress | python3 -c "import json,sys; print(json.loads(sys.stdin.read())['tokens_per_s'])")
+rm -rf "$probe"
+steps=$(python3 -c "import sys; print(max(50, int(float(sys.argv[1]) * float(sys.argv[2]) / (int(sys.argv[3]) * int(sys.argv[4])))))" \
+          "$tps" "$budget" "$batch" "$seq")
+echo "pretrain_tiny: probe $tps tok/s -> $steps steps of $batch x $seq in ${budget}s ($(uptime | sed 's/.*load/load/'))" >&2
+
+rm -rf "$run"
+# shellcheck disable=SC2086
+nice -n "$nice" "$bin" train $common --out "$run" --steps "$steps" --warmup $((steps / 20 + 1)) \
+  --eval-every $((steps / 12 + 1)) --eval-batches 16 --sample-tokens 24 --time-budget "$((budget + budget / 10))" \
+  --save-every $((steps / 4 + 1)) --keep-checkpoints 1 | tee "$run.summary.json"
+mkdir -p "$(dirname "$png")"
+${PYTHON:-/usr/bin/python3} "$here/bench/plot_train_curves.py" --x tokens \
+  --title "tiny on the Debian text corpus ($batch x $seq tokens/step; train: $loss softmax, val: full)" \
+  "$png" "$run.curve.json" "tiny=$run"
