@@ -7,7 +7,8 @@
 #
 # Environment: BUDGET (seconds of training, 900), BATCH (8), SEQ (128), LR (2e-3), LOSS (sampled:
 # the sampled softmax, ~3x the tokens per hour at the full-softmax validation loss; or full),
-# THREADS (1), NICE (10), PNG (docs/img/pretrain_tiny_loss.png), INIT (a model dir to continue
+# THREADS (1), COMPUTE (bf16: the measured bf16 GEMM where the core runs it at full rate, else
+# bf16-rounded operands on the fp32 GEMM; or f32), NICE (10), PNG (docs/img/pretrain_tiny_loss.png), INIT (a model dir to continue
 # from, e.g. a previous run).
 # The number of steps is chosen so the cosine schedule ends with the budget: a 10-step probe
 # measures tokens/s first. Validation is the corpus's own validation file (corpus.val.bin), scored
@@ -26,6 +27,7 @@ seq=${SEQ:-128}
 lr=${LR:-2e-3}
 loss=${LOSS:-sampled}
 threads=${THREADS:-1}
+compute=${COMPUTE:-bf16}
 nice=${NICE:-10}
 png=${PNG:-$here/docs/img/pretrain_tiny_loss.png}
 for f in corpus.bin corpus.bin.json corpus.val.bin corpus.tokenizer.json; do
@@ -37,7 +39,7 @@ valfrac=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['data_
 init=""
 [ -n "${INIT:-}" ] && init="--init $INIT"
 common="--preset tiny --data $corpus/corpus.bin $corpus/corpus.val.bin --val-fraction $valfrac
-  --tokenizer $corpus/corpus.tokenizer.json --batch $batch --seq $seq --lr $lr --loss $loss --threads $threads $init"
+  --tokenizer $corpus/corpus.tokenizer.json --batch $batch --seq $seq --lr $lr --loss $loss --threads $threads --compute-dtype $compute $init"
 
 probe=$run.probe
 rm -rf "$probe"
