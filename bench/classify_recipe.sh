@@ -22,10 +22,11 @@
 #                     config and BPE below are then unused); a model with a head is continued
 #   CORELM_BIN        default build/release/corelm
 #   LRS="1e-3 3e-3"   learning-rate grid;  POOLINGS="mean last"  pooling grid
-#   EPOCHS=8          passes over TRAIN per grid point, capped by MAX_STEPS (default 2500)
+#   EPOCHS=6          passes over TRAIN per grid point, capped by MAX_STEPS (default 2500)
 #   BATCH=32 SEQ=128 VOCAB=8192 LAYERS=2 HIDDEN=256 FFN=640  the model and batch
 #   PRECISION=bf16    eval-task's inference precision (bf16 fast path, or f32)
-#   NICE=10           niceness of the training and evaluation runs; taskset -c 0 when present
+#   NICE=10           niceness of the training and evaluation runs
+#   PIN=0             the core they are pinned to with taskset (empty: not pinned)
 set -euo pipefail
 if [[ $# -ne 5 ]]; then
   echo "usage: $0 TRAIN.jsonl DEV.jsonl TEST.jsonl LABELS WORK" >&2
@@ -36,7 +37,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${CORELM_BIN:-$root/build/release/corelm}
 lrs=${LRS:-"1e-3 3e-3"}
 poolings=${POOLINGS:-"mean last"}
-epochs=${EPOCHS:-8}
+epochs=${EPOCHS:-6}
 max_steps=${MAX_STEPS:-2500}
 batch=${BATCH:-32}
 seq=${SEQ:-128}
@@ -45,7 +46,8 @@ for f in "$train" "$dev" "$test"; do [[ -s $f ]] || { echo "classify_recipe: $f 
 [[ -x $bin ]] || { echo "classify_recipe: $bin not built (cmake --build --preset release --target corelm_cli)" >&2; exit 1; }
 mkdir -p "$work"
 run=(nice -n "${NICE:-10}")
-command -v taskset >/dev/null && run+=(taskset -c 0)
+pin=${PIN-0}
+[[ -n $pin ]] && command -v taskset >/dev/null && run+=(taskset -c "$pin")
 
 cat > "$work/config.json" <<JSON
 {"model_type": "llama", "vocab_size": ${VOCAB:-8192}, "hidden_size": ${HIDDEN:-256},
