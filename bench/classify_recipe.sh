@@ -18,6 +18,10 @@
 # ece the calibrated model's, input_tok_s `eval-task`'s input tokens/s on one thread.
 #
 # Environment:
+#   PRETRAIN="FILE..." round 0 (multi-round recipe): language-model pretraining of the same model
+#                     on these unlabelled text files plus TRAIN's text (twice), PRETRAIN_STEPS
+#                     steps (default 600) of 16 x 64 tokens, lr 3e-3; its BPE is trained on that
+#                     text; every grid point then starts from it (--init). Unset: no round 0.
 #   INIT=DIR          start every grid point from this pretrained model (its tokenizer; the
 #                     config and BPE below are then unused); a model with a head is continued
 #   CORELM_BIN        default build/release/corelm
@@ -64,9 +68,26 @@ eval_every=$(( n_train / batch / 2 ))
 base=(--task classify --labels "$labels" --data "$train" --dev "$dev" --steps "$steps" --batch "$batch"
       --seq "$seq" --label-smoothing 0.1 --weight-decay 0.1 --eval-every "$eval_every" --save-every 0
       --keep-checkpoints 1 --no-progress --threads 1)
-if [[ -n ${INIT:-} ]]; then base+=(--init "$INIT"); else base+=(--config "$work/config.json"); fi
-
 start=$(date +%s.%N)
+init=${INIT:-}
+if [[ -z $init && -n ${PRETRAIN:-} ]]; then
+  python3 - "$train" "$work/train_text.txt" <<'PY'
+import json, sys
+with open(sys.argv[2], "w", encoding="utf-8") as out:
+    for line in open(sys.argv[1], encoding="utf-8"):
+        if line.strip():
+            out.write(json.loads(line)["text"].replace("\n", " ") + "\n")
+PY
+  rm -rf "$work/pretrain"
+  # shellcheck disable=SC2086
+  "${run[@]}" "$bin" train --config "$work/config.json" --data $PRETRAIN "$work/train_text.txt" "$work/train_text.txt" \
+    --steps "${PRETRAIN_STEPS:-600}" --batch 16 --seq 64 --lr 3e-3 --sample-tokens 0 --save-every 0 \
+    --keep-checkpoints 1 --no-progress --threads 1 --out "$work/pretrain" > "$work/pretrain.json"
+  echo "classify_recipe: round 0 (LM pretraining): $(cat "$work/pretrain.json")" >&2
+  init=$work/pretrain
+fi
+if [[ -n $init ]]; then base+=(--init "$init"); else base+=(--config "$work/config.json"); fi
+
 best="" best_acc=-1 best_loss=0
 for lr in $lrs; do
   for pool in $poolings; do
@@ -97,9 +118,9 @@ PY
 "${run[@]}" "$bin" eval-task --model "$uncal" --data "$test" --task classify --precision "$precision" \
   --threads 1 --batch 16 --json > "$work/test_eval_uncalibrated.json"
 
-python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "${INIT:-}" <<'PY'
+python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init" "${PRETRAIN:-}" <<'PY'
 import json, sys
-work, best, train_s, lrs, pools, steps, epochs, init = sys.argv[1:]
+work, best, train_s, lrs, pools, steps, epochs, init, pretrain = sys.argv[1:]
 ev = json.load(open(f"{work}/test_eval.json"))
 un = json.load(open(f"{work}/test_eval_uncalibrated.json"))
 tr = json.load(open(f"{best}.json"))
@@ -107,7 +128,7 @@ cfg = json.load(open(f"{best}/config.json"))
 print(json.dumps({
     "accuracy": ev["accuracy"], "macro_f1": ev["macro_f1"], "ece_before": un["ece"], "ece": ev["ece"],
     "input_tok_s": ev["tokens_per_s"], "params": tr["params"], "train_s": float(train_s),
-    "recipe": {"model": best, "init": init or None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
+    "recipe": {"model": best, "init": init or None, "pretrain": pretrain.split() or None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
                "chosen": {"lr": float(best.rsplit("/", 1)[1].split("_")[0][2:]), "pooling": cfg["classifier_pooling"]},
                "steps": int(steps), "epochs": float(epochs), "best_step": tr["best_step"],
                "dev_accuracy": tr["dev_accuracy"], "dev_ece_before": tr["ece_before"], "dev_ece": tr["ece_after"],
