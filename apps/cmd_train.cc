@@ -272,9 +272,16 @@ int run_classify(const TrainArgs& a) {
   // Labels, template and pooling: given, else the model's (a second round keeps its head).
   std::vector<std::string> labels = a.labels.empty() ? config.labels : a.labels;
   CORELM_CHECK(!labels.empty(), ValueError, "train --task classify: give --labels A,B,... (the model has no head)");
-  if (config.has_classifier() && config.labels != labels)
-    CORELM_CHECK(!resuming, ValueError, "train --resume: --labels (", a.labels.size(),
-                 ") differ from the checkpoint's head labels");
+  if (config.has_classifier() && config.labels != labels) {
+    std::string given, head;
+    for (const auto& l : labels) given += (given.empty() ? "" : ",") + l;
+    for (const auto& l : config.labels) head += (head.empty() ? "" : ",") + l;
+    CORELM_CHECK(!resuming, ValueError, "train --resume: --labels (", given, ") differ from the checkpoint's head (",
+                 head, "); resume with the same labels");
+    if (!a.no_progress)
+      std::cerr << "note: --labels (" << given << ") differ from the model's head (" << head
+                << "): the body is kept, the head starts anew\n";
+  }
   std::string tmpl = unescape(a.template_text);
   if (tmpl == "{text}" && config.has_classifier() && !config.classifier_template.empty())
     tmpl = config.classifier_template;
