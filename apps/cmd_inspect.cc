@@ -162,6 +162,12 @@ void run(const InspectArgs& args) {
               << ", heads " << c.value("num_attention_heads", 0) << "/" << c.value("num_key_value_heads", 0)
               << ", ffn " << c.value("intermediate_size", 0) << ", context " << c.value("max_position_embeddings", 0)
               << ", tied " << (c.value("tie_word_embeddings", false) ? "yes" : "no") << "\n";
+    if (c.contains("classifier_pooling") && c.contains("id2label") && c["id2label"].is_object()) {
+      std::string names;
+      for (const auto& [k, v] : c["id2label"].items()) names += (names.empty() ? "" : ",") + (v.is_string() ? v.get<std::string>() : v.dump());
+      std::cout << "classifier: score.weight, " << c["id2label"].size() << " labels (" << names << "), pooling "
+                << c["classifier_pooling"].dump() << ", temperature " << c.value("classifier_temperature", 1.0) << "\n";
+    }
   }
   if (r.contains("metadata"))
     for (const auto& [k, v] : r["metadata"].items()) std::cout << "  " << k << " = " << v.dump(-1, ' ', false, ojson::error_handler_t::replace) << "\n";

@@ -3,11 +3,14 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli_escapes.h"
 #include "command_registry.h"
 #include "corelm/error.h"
 #include "corelm/model.h"
@@ -36,6 +39,11 @@ struct TrainArgs {
   std::string loss = "full", compute_dtype = "f32";
   int64_t negatives = 1024;
   double count_floor = 32, sampled_alpha = 1.0;
+  // --task classify (run_classify below)
+  std::string task = "lm", text_field = "text", label_field = "label", template_text = "{text}", dev, pooling;
+  std::vector<std::string> labels;
+  double epochs = 0, label_smoothing = 0;
+  bool balance = false, freeze_body = false, val_fraction_given = false;
 };
 
 bool is_token_file(const std::string& path) { return path.size() > 4 && path.ends_with(".bin"); }
@@ -88,8 +96,14 @@ train::TrainOptions train_options(const TrainArgs& a) {
 }
 
 // Returns the exit code: 0, or 128 + the signal that stopped training (after its checkpoint).
+int run_classify(const TrainArgs& a);
+
 int run(const TrainArgs& a) {
   set_num_threads(a.threads);
+  if (a.task == "classify") return run_classify(a);
+  CORELM_CHECK(a.labels.empty() && a.dev.empty() && a.epochs == 0, ValueError,
+               "train: --labels, --dev and --epochs are for --task classify");
+  CORELM_CHECK(a.steps > 0, ValueError, "train: --steps is required (a positive number of optimizer steps)");
   CORELM_CHECK(!a.data.empty() || !a.sft.empty(), ValueError, "train: give --data FILE... or --sft pairs.jsonl");
   CORELM_CHECK(a.data.empty() || a.sft.empty(), ValueError, "train: --data and --sft are exclusive");
   train::TrainOptions opt = train_options(a);
@@ -143,6 +157,10 @@ int run(const TrainArgs& a) {
     config.vocab_size = tok_vocab;
   }
 
+  CORELM_CHECK(!config.has_classifier(), ValueError, "train: ", a.init.empty() ? a.out : a.init,
+               " has a classification head (", config.labels.size(),
+               " labels); language-model training (--data/--sft) would leave it untrained: continue it with "
+               "--task classify, or start from a model without a head");
   model::Decoder decoder(config);
   if (init) {
     for (const auto& [name, t] : init->decoder.named_parameters()) decoder.load_parameter(name, t);
@@ -228,6 +246,176 @@ int run(const TrainArgs& a) {
   return 128 + r.stopped_by_signal;
 }
 
+// --task classify: records -> the head's cross-entropy through train() (train::ClassifyObjective),
+// then the best dev evaluation's weights with a fitted temperature as OUT's model.
+int run_classify(const TrainArgs& a) {
+  CORELM_CHECK(a.sft.empty(), ValueError, "train: --sft is for --task lm (label-likelihood SFT); --task classify "
+               "reads --data records {\"text\": ..., \"label\": ...}");
+  CORELM_CHECK(a.data.size() == 1, ValueError, "train --task classify: give one --data FILE (JSONL records), got ",
+               a.data.size());
+  CORELM_CHECK(a.steps > 0 || a.epochs > 0, ValueError, "train --task classify: give --steps N or --epochs N");
+  CORELM_CHECK(a.steps == 0 || a.epochs == 0, ValueError, "train --task classify: --steps and --epochs are exclusive");
+  CORELM_CHECK(std::isfinite(a.epochs) && a.epochs >= 0, ValueError, "train: --epochs must be positive, got ", a.epochs);
+  const std::shared_ptr<void> out_lock = train::lock_output_dir(a.out);
+  const bool resuming = a.resume && train::has_checkpoint(a.out);
+  const std::string checkpoint = resuming ? train::latest_checkpoint(a.out) : "";
+  const std::string out_tokenizer = (fs::path(a.out) / "tokenizer.json").string();
+
+  std::unique_ptr<model::LoadedModel> init;
+  model::ModelConfig config;
+  if (resuming) config = model::ModelConfig::load((fs::path(checkpoint) / "config.json").string());
+  else if (!a.init.empty()) {
+    init = std::make_unique<model::LoadedModel>(model::load_model_dir(a.init));
+    config = init->decoder.config();
+  } else if (!a.config.empty()) config = model::ModelConfig::load(a.config);
+  else config = model::ModelConfig::preset(a.preset);
+  // Labels, template and pooling: given, else the model's (a second round keeps its head).
+  std::vector<std::string> labels = a.labels.empty() ? config.labels : a.labels;
+  CORELM_CHECK(!labels.empty(), ValueError, "train --task classify: give --labels A,B,... (the model has no head)");
+  if (config.has_classifier() && config.labels != labels) {
+    std::string given, head;
+    for (const auto& l : labels) given += (given.empty() ? "" : ",") + l;
+    for (const auto& l : config.labels) head += (head.empty() ? "" : ",") + l;
+    CORELM_CHECK(!resuming, ValueError, "train --resume: --labels (", given, ") differ from the checkpoint's head (",
+                 head, "); resume with the same labels");
+    if (!a.no_progress)
+      std::cerr << "note: --labels (" << given << ") differ from the model's head (" << head
+                << "): the body is kept, the head starts anew\n";
+  }
+  std::string tmpl = unescape(a.template_text);
+  if (tmpl == "{text}" && config.has_classifier() && !config.classifier_template.empty())
+    tmpl = config.classifier_template;
+  const std::string pooling = !a.pooling.empty() ? a.pooling : config.has_classifier() ? config.classifier_pooling : "last";
+
+  std::string tokenizer_path;
+  if (resuming) tokenizer_path = (fs::path(checkpoint) / "tokenizer.json").string();
+  else if (!a.init.empty()) tokenizer_path = (fs::path(a.init) / "tokenizer.json").string();
+  else if (!a.tokenizer.empty()) tokenizer_path = tokenizer_json_path(a.tokenizer);
+  else {
+    // A BPE of the task's own text: the vocabulary a small-data model can afford.
+    const std::string corpus = (fs::path(a.out) / ".bpe_corpus.txt").string();
+    {
+      fs::create_directories(a.out);
+      std::ifstream in(a.data[0], std::ios::binary);
+      CORELM_CHECK(in.good(), IOError, a.data[0], ": cannot open");
+      std::ofstream o(corpus, std::ios::binary | std::ios::trunc);
+      std::string line;
+      while (std::getline(in, line)) {
+        try {
+          const nlohmann::json j = nlohmann::json::parse(line);
+          if (j.is_object() && j.contains(a.text_field) && j[a.text_field].is_string())
+            o << j[a.text_field].get<std::string>() << "\n";
+        } catch (const nlohmann::json::exception&) {
+        }  // load_classify_records names the bad line below
+      }
+    }
+    BpeTrainOptions bpe;
+    bpe.vocab_size = static_cast<size_t>(config.vocab_size);
+    bpe.progress = !a.no_progress;
+    const BpeTrainStats s = train_bpe({corpus}, bpe, out_tokenizer);
+    fs::remove(corpus);
+    if (!a.no_progress)
+      std::cerr << "trained a byte-level BPE tokenizer on the task's text: " << s.vocab_size << " tokens -> "
+                << out_tokenizer << "\n";
+    tokenizer_path = out_tokenizer;
+  }
+  std::unique_ptr<Tokenizer> tok = Tokenizer::load(tokenizer_path);
+  const int64_t tok_vocab = static_cast<int64_t>(tok->vocab_size());
+  if (tok_vocab > config.vocab_size) {
+    CORELM_CHECK(!resuming && a.init.empty(), ValueError, "train: tokenizer ", tokenizer_path, " has ", tok_vocab,
+                 " ids, more than the model's vocab_size ", config.vocab_size);
+    config.vocab_size = tok_vocab;
+  }
+
+  train::ClassifyDataOptions d;
+  d.labels = labels;
+  d.text_field = a.text_field;
+  d.label_field = a.label_field;
+  d.template_text = tmpl;
+  d.max_tokens = std::min<int64_t>(a.seq, config.max_position_embeddings);
+  std::vector<train::ClassifyRecord> records = train::load_classify_records(a.data[0], *tok, d);
+  std::vector<train::ClassifyRecord> train_records, dev_records;
+  if (!a.dev.empty()) {
+    train_records = std::move(records);
+    dev_records = train::load_classify_records(a.dev, *tok, d);
+  } else {
+    train::stratified_split(records, a.val_fraction_given ? a.val_fraction : 0.1, train_records, dev_records,
+                            labels.size());
+  }
+  const std::vector<int64_t> counts = train::label_counts(train_records, labels.size());
+  std::string missing;
+  int present = 0;
+  for (size_t c = 0; c < labels.size(); ++c) (counts[c] > 0 ? (void)++present : (void)(missing += (missing.empty() ? "" : ",") + labels[c]));
+  // One class only: nothing to discriminate, and the dev accuracy that picks the checkpoint would
+  // be that class's frequency. Refused rather than trained into a constant.
+  CORELM_CHECK(present >= 2, ValueError, "train --task classify: ", a.data[0], " holds training records of only ",
+               present, " of the ", labels.size(), " labels (", missing.empty() ? "" : "missing: " + missing,
+               "); a classifier needs at least two classes");
+  if (!missing.empty())
+    std::cerr << "warning: no training records for label(s) " << missing << "; the head will rarely predict them\n";
+
+  config.labels = labels;
+  config.classifier_pooling = pooling;
+  config.classifier_template = tmpl == "{text}" ? "" : tmpl;
+  config.classifier_temperature = 1.0;
+  const TokenId pad = tok->pad_id().value_or(tok->eos_id().value_or(0));
+  if (config.pad_token_id < 0 && static_cast<int64_t>(pad) < config.vocab_size) config.pad_token_id = pad;
+  model::Decoder decoder(config);
+  if (init) {
+    // A new head (or one over other labels) starts from the initialisation; the body is copied.
+    decoder.init_weights(a.seed);
+    const bool same_head = init->decoder.config().labels == labels;
+    for (const auto& [name, t] : init->decoder.named_parameters())
+      if (name != "score.weight" || same_head) decoder.load_parameter(name, t);
+    init.reset();
+  } else {
+    decoder.init_weights(a.seed);
+  }
+
+  TrainArgs b = a;
+  if (a.epochs > 0)
+    b.steps = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.epochs * static_cast<double>(train_records.size()) /
+                                                                  static_cast<double>(a.batch * a.grad_accum))));
+  train::TrainOptions opt = train_options(b);
+  opt.seq = d.max_tokens;
+  opt.sample_tokens = 0;
+  train::ClassifyTrainOptions co;
+  co.label_smoothing = a.label_smoothing;
+  co.train_body = !a.freeze_body;
+  co.pad_id = pad;
+  train::ClassifyObjective objective(dev_records, co);
+  opt.objective = &objective;
+  train::ClassifySampler sampler(train_records, labels.size(), a.balance, pad, a.seed);
+  if (!a.no_progress)
+    std::cerr << "classify: " << train_records.size() << " train / " << dev_records.size() << " dev records, "
+              << labels.size() << " labels, " << opt.steps << " steps; model: " << config.num_parameters(true)
+              << " parameters\n";
+  const train::TrainResult r = train::train(decoder, sampler, nullptr, tok.get(), tokenizer_path, opt);
+  const train::ClassifyFinish f = r.stopped_by_signal ? train::ClassifyFinish{}
+                                                       : train::finish_classifier(decoder, objective, dev_records, a.out, pad);
+  nlohmann::ordered_json summary{{"out", a.out},
+                                 {"task", "classify"},
+                                 {"labels", labels},
+                                 {"start_step", r.start_step},
+                                 {"steps", r.end_step},
+                                 {"train_loss", r.last_train_loss},
+                                 {"train_records", train_records.size()},
+                                 {"dev_records", dev_records.size()},
+                                 {"best_step", f.best_step},
+                                 {"dev_accuracy", f.dev_accuracy},
+                                 {"dev_loss", f.dev_loss},
+                                 {"temperature", f.temperature},
+                                 {"ece_before", f.ece_before},
+                                 {"ece_after", f.ece_after},
+                                 {"params", config.num_parameters(true)},
+                                 {"tokens_per_s", r.tokens_per_s},
+                                 {"threads", a.threads},
+                                 {"checkpoint", r.checkpoint}};
+  if (r.stopped_by_signal) summary["stopped_by_signal"] = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
+  std::cout << summary.dump() << "\n";
+  return r.stopped_by_signal ? 128 + r.stopped_by_signal : 0;
+}
+
 RegisterCommand reg([](CLI::App& root) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* c = root.add_subcommand("train", "Train (or fine-tune with --sft) a decoder on one machine");
@@ -240,7 +428,7 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--out", a->out,
                 "output directory: a model directory of the latest checkpoint, checkpoints/, train_log.jsonl")
       ->required();
-  c->add_option("--steps", a->steps, "optimizer steps")->required();
+  c->add_option("--steps", a->steps, "optimizer steps (required, except with --task classify --epochs)");
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_option("--seed", a->seed, "seed for weights and data order")->capture_default_str();
   c->add_flag("--resume", a->resume,
@@ -292,7 +480,26 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--compute-dtype", a->compute_dtype, "matrix-product precision of training: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
-  c->callback([a, warmup, eval_every] {
+  // --task classify: the classification head (docs/TRAINING.md, "Classification head").
+  c->add_option("--task", a->task, "lm (next-token prediction; --sft pairs) or classify (the classification head)")
+      ->check(CLI::IsMember({"lm", "classify"}))
+      ->capture_default_str();
+  c->add_option("--labels", a->labels, "classify: the classes, comma-separated (the head's order)")->delimiter(',');
+  c->add_option("--text-field", a->text_field, "classify: the records' text field")->capture_default_str();
+  c->add_option("--label-field", a->label_field, "classify: the records' label field")->capture_default_str();
+  c->add_option("--template", a->template_text, "classify: prompt template holding {text} (\\n allowed)")
+      ->capture_default_str();
+  c->add_option("--dev", a->dev, "classify: dev records (default: a stratified --val-fraction of --data)");
+  c->add_option("--epochs", a->epochs, "classify: passes over the training records (instead of --steps)");
+  c->add_option("--label-smoothing", a->label_smoothing, "classify: label smoothing of the cross-entropy")
+      ->capture_default_str();
+  c->add_flag("--balance", a->balance, "classify: class-balanced sampling (a uniform class, then a record of it)");
+  c->add_flag("--freeze-body", a->freeze_body, "classify: train only the head (score.weight)");
+  c->add_option("--pooling", a->pooling, "classify: last (HF: the last token's hidden state) or mean")
+      ->check(CLI::IsMember({"last", "mean"}));
+  CLI::Option* val_fraction = c->get_option("--val-fraction");
+  c->callback([a, warmup, eval_every, val_fraction] {
+    a->val_fraction_given = val_fraction->count() > 0;
     a->warmup_given = warmup->count() > 0;
     a->eval_every_given = eval_every->count() > 0;
     const int rc = run(*a);  // the output lock is released by now

@@ -33,6 +33,18 @@ struct ModelConfig {
   double initializer_range = 0.02;
   int64_t bos_token_id = -1;  // -1: none
   int64_t eos_token_id = -1;
+  int64_t pad_token_id = -1;  // -1: none (HF pools the token before the first pad; see labels)
+
+  // Sequence-classification head, as Hugging Face's LlamaForSequenceClassification: the tensor
+  // "score.weight" [num_labels, hidden] (no bias) over the final-normed hidden state of the last
+  // real token of each row. Present iff `labels` is non-empty; config.json then names the
+  // architecture "...ForSequenceClassification" and carries HF's id2label / label2id / num_labels
+  // (every HF config carries a default id2label, so only the architecture says a head exists).
+  std::vector<std::string> labels;       // id2label in id order
+  double classifier_temperature = 1.0;   // probs = softmax(logits / T), T fitted on a dev split
+  std::string classifier_pooling = "last";  // "last" (HF) or "mean" over the real tokens
+  std::string classifier_template;       // prompt template holding {text}; "" = "{text}"
+  bool has_classifier() const { return !labels.empty(); }
 
   // Parses a config.json object; `source` (a file name) is used in error messages. Unknown keys are
   // ignored; missing required keys, wrong types and unsupported features (rope_scaling, sliding
@@ -135,6 +147,8 @@ class Decoder {
   // The LM head's weight [V, H]: "lm_head.weight", or "model.embed_tokens.weight" when tied.
   std::string lm_head_weight_name() const;
   const Tensor& lm_head_weight() const;
+  // "score.weight" [num_labels, H]; ValueError when the model has no classification head.
+  const Tensor& classifier_weight() const;
 
   // Incremental forward (no autograd): ids [B, T] are appended to each row of `cache` at that
   // row's current length (rows in `rows`, one per batch entry of ids; cache row r = rows[b]),

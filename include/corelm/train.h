@@ -60,6 +60,7 @@ class TokenDataset {
 // One training/validation batch: ids [B, T] i64 and targets [B, T] i64 (-100 = no loss).
 struct Batch {
   Tensor ids, targets;
+  Tensor lengths = Tensor();  // classification batches only: real tokens per row [B] i64 (targets: labels [B])
   int64_t tokens() const { return ids.defined() ? ids.numel() : 0; }
 };
 
@@ -139,6 +140,20 @@ class SftSampler : public BatchSource {
 
 // ---- the loop (src/train/trainer.cc) and checkpoints (src/train/checkpoint.cc) ----
 
+// A training objective other than next-token prediction (the classification head,
+// src/train/classify.cc). The trainer keeps its loop, optimizer, checkpoints and log; the
+// objective gives each micro-batch's mean loss and replaces the validation pass.
+class Objective {
+ public:
+  virtual ~Objective() = default;
+  // Mean loss of one batch, recorded on the graph (its backward accumulates into .grad()).
+  virtual Tensor loss(const model::Decoder& model, const Batch& batch) = 0;
+  // One evaluation after optimizer step `step`: adds its figures to `fields` (written to the log
+  // line) and returns the validation loss (NaN: none).
+  virtual double evaluate(const model::Decoder& model, int64_t step,
+                          std::vector<std::pair<std::string, double>>& fields) = 0;
+};
+
 struct TrainOptions {
   std::string out_dir;       // checkpoints + train_log.jsonl (layout: save_checkpoint below)
   int64_t steps = 100;       // optimizer steps of the whole run (the schedule's length)
@@ -175,6 +190,8 @@ struct TrainOptions {
   std::vector<int64_t> unigram_counts;
   // Matrix-product precision of the training forward/backward ("f32" | "bf16"; corelm/autocast.h).
   std::string compute_dtype = "f32";
+  // Not owned; null: next-token prediction with `loss` above.
+  Objective* objective = nullptr;
 
   // ValueError naming the CLI option (--warmup, --clip, --min-lr-ratio, ...) of the first value
   // out of range. train() calls it first, so nothing is written for a bad option.
@@ -283,6 +300,124 @@ TrainerState load_checkpoint(const std::string& dir, model::Decoder& model, std:
 // it, and so does the CLI before it writes the tokenizer into OUT): the folder stays locked while
 // any returned handle lives.
 std::shared_ptr<void> lock_output_dir(const std::string& out_dir);
+
+
+// ---- sequence classification with the head (src/train/classify.cc; docs/TRAINING.md) ----
+//
+// The model carries "score.weight" [num_labels, H] (ModelConfig::labels). A record's prompt is
+// its text through the template; the head reads the final-normed hidden state of its last token
+// ("last", as HF's LlamaForSequenceClassification) or the mean over its tokens ("mean").
+
+struct ClassifyRecord {
+  std::vector<TokenId> ids;  // the prompt, truncated to max_tokens (the first tokens kept)
+  int64_t label = 0;         // index into the labels
+};
+
+struct ClassifyDataOptions {
+  std::vector<std::string> labels;  // the head's classes, in id order
+  std::string text_field = "text", label_field = "label";
+  std::string template_text = "{text}";  // must hold {text} once
+  int64_t max_tokens = 128;
+};
+
+// JSONL records {text_field: string, label_field: string or integer}. FormatError "FILE:LINE: ..."
+// for a malformed line, a missing field or a label outside `labels` (naming the label and the set);
+// FormatError naming the file when it holds no record. Blank lines are skipped.
+std::vector<ClassifyRecord> load_classify_records(const std::string& path, const Tokenizer& tokenizer,
+                                                  const ClassifyDataOptions& options);
+// Labels that occur in `records`, and how often (index = label id).
+std::vector<int64_t> label_counts(const std::vector<ClassifyRecord>& records, size_t num_labels);
+// Stratified split: of each class, the last round(fraction * count) records (in file order; at least
+// one when the class has two or more) go to `dev`. ValueError naming --val-fraction outside (0, 1).
+void stratified_split(const std::vector<ClassifyRecord>& all, double fraction, std::vector<ClassifyRecord>& train,
+                      std::vector<ClassifyRecord>& dev, size_t num_labels);
+
+// Rows padded to the longest (pad_id); targets = labels [B], lengths = real tokens [B].
+Batch make_classify_batch(const std::vector<const ClassifyRecord*>& rows, TokenId pad_id);
+
+// Training order: shuffled epochs (every record once per epoch, a fresh permutation each), or
+// class-balanced draws (a uniform class, then a uniform record of it). The position is the
+// generator state and the rows drawn, both checkpointed.
+class ClassifySampler : public BatchSource {
+ public:
+  ClassifySampler(const std::vector<ClassifyRecord>& records, size_t num_labels, bool balanced, TokenId pad_id,
+                  uint64_t seed);
+  Batch next(int64_t batch, int64_t seq) override;  // seq is ignored: records are pre-truncated
+  Generator::State state() const override { return gen_.state(); }
+  void set_state(const Generator::State& s) override { gen_.set_state(s); }
+  int64_t drawn() const override { return drawn_; }
+  void set_drawn(int64_t rows) override { drawn_ = rows; }
+
+ private:
+  size_t record_at(int64_t position);
+  const std::vector<ClassifyRecord>& records_;
+  std::vector<std::vector<size_t>> by_class_;
+  bool balanced_;
+  TokenId pad_;
+  uint64_t seed_;
+  Generator gen_;
+  int64_t drawn_ = 0;
+  int64_t perm_epoch_ = -1;
+  std::vector<size_t> perm_;
+};
+
+// Head logits [B, L] of a classification batch (recorded on the graph; with `train_body` false the
+// body runs without gradient, so only score.weight learns).
+Tensor classifier_logits(const model::Decoder& model, const Batch& batch, bool train_body = true);
+
+// Logits [N, L] of records, `batch` at a time, no gradient (rows of one batch are padded to its
+// longest; padding never reaches a real position under the causal mask).
+std::vector<std::vector<float>> classify_logits(const model::Decoder& model, const std::vector<ClassifyRecord>& records,
+                                                TokenId pad_id, int64_t batch = 32);
+
+struct CalibrationStats {
+  double accuracy = 0, nll = 0, ece = 0;  // ECE: 15 equal-width confidence bins (as eval-task)
+};
+CalibrationStats calibration_stats(const std::vector<std::vector<float>>& logits, const std::vector<int64_t>& labels,
+                                   double temperature);
+// The temperature T minimising the mean NLL of softmax(logits / T) (golden-section search on log T
+// over [1/20, 20]).
+double fit_temperature(const std::vector<std::vector<float>>& logits, const std::vector<int64_t>& labels);
+
+struct ClassifyTrainOptions {
+  double label_smoothing = 0;  // in [0, 1)
+  bool train_body = true;      // false: only the head learns
+  int64_t eval_batch = 32;
+  TokenId pad_id = 0;
+};
+
+// The head's objective for train(): cross-entropy (with label smoothing) on the head logits;
+// each evaluation scores the dev records (dev_accuracy, dev_loss) and keeps a copy of the
+// parameters of the best one (highest accuracy, ties by the lower loss).
+class ClassifyObjective : public Objective {
+ public:
+  ClassifyObjective(const std::vector<ClassifyRecord>& dev, const ClassifyTrainOptions& options);
+  Tensor loss(const model::Decoder& model, const Batch& batch) override;
+  double evaluate(const model::Decoder& model, int64_t step, std::vector<std::pair<std::string, double>>& fields) override;
+  bool has_best() const { return best_step_ >= 0; }
+  int64_t best_step() const { return best_step_; }
+  double best_accuracy() const { return best_acc_; }
+  double best_loss() const { return best_loss_; }
+  // Copies the best evaluation's parameters into `model` (no-op without one).
+  void restore_best(model::Decoder& model) const;
+
+ private:
+  const std::vector<ClassifyRecord>& dev_;
+  ClassifyTrainOptions opt_;
+  int64_t best_step_ = -1;
+  double best_acc_ = -1, best_loss_ = 0;
+  std::vector<Tensor> best_;
+};
+
+struct ClassifyFinish {
+  int64_t best_step = -1;
+  double dev_accuracy = 0, dev_loss = 0, temperature = 1, ece_before = 0, ece_after = 0;
+};
+// After train(): loads the best evaluation's weights, fits the temperature on `dev`, and replaces
+// out_dir's model files (model.safetensors, then config.json with classifier_temperature; each
+// written atomically) with them. The checkpoints keep the last step for --resume.
+ClassifyFinish finish_classifier(model::Decoder& model, const ClassifyObjective& objective,
+                                 const std::vector<ClassifyRecord>& dev, const std::string& out_dir, TokenId pad_id);
 
 // ---- corelm eval ----
 

@@ -84,6 +84,55 @@ struct Reader {
   }
 };
 
+// The classification head's fields. Only a "...ForSequenceClassification" architecture has a
+// head: HF writes a default id2label ({"0": "LABEL_0", "1": "LABEL_1"}) into every config.json.
+void read_classifier(const json& j, const Reader& r, ModelConfig& c) {
+  const bool head = j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+                    j["architectures"][0].is_string() &&
+                    j["architectures"][0].get<std::string>().ends_with("ForSequenceClassification");
+  if (!head) return;
+  CORELM_CHECK(r.has("id2label") && j["id2label"].is_object(), FormatError, r.where("id2label"),
+               " must be an object {\"0\": label, ...} for a sequence-classification model");
+  const json& m = j["id2label"];
+  const int64_t n = static_cast<int64_t>(m.size());
+  CORELM_CHECK(n >= 1 && n <= 65536, FormatError, r.where("id2label"), " holds ", n, " labels; need 1..65536");
+  c.labels.assign(static_cast<size_t>(n), "");
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    int64_t id = -1;
+    try {
+      size_t used = 0;
+      id = std::stoll(it.key(), &used);
+      if (used != it.key().size()) id = -1;
+    } catch (const std::exception&) {
+      id = -1;
+    }
+    CORELM_CHECK(id >= 0 && id < n, FormatError, r.where("id2label"), ": key '", it.key(),
+                 "' is not a label id 0..", n - 1);
+    CORELM_CHECK(it.value().is_string() && !it.value().get<std::string>().empty(), FormatError,
+                 r.where("id2label"), "[\"", it.key(), "\"] must be a non-empty string");
+    c.labels[static_cast<size_t>(id)] = it.value().get<std::string>();
+  }
+  for (int64_t a = 0; a < n; ++a)
+    for (int64_t b = a + 1; b < n; ++b)
+      CORELM_CHECK(c.labels[a] != c.labels[b], FormatError, r.where("id2label"), ": label '", c.labels[a],
+                   "' appears twice");
+  CORELM_CHECK(r.integer_or("num_labels", n) == n, FormatError, r.where("num_labels"), " = ",
+               r.integer("num_labels"), " but id2label holds ", n, " labels");
+  if (r.has("label2id")) {
+    const json& l2i = j["label2id"];
+    CORELM_CHECK(l2i.is_object() && static_cast<int64_t>(l2i.size()) == n, FormatError, r.where("label2id"),
+                 " must map each of the ", n, " labels of id2label to its id");
+    for (int64_t id = 0; id < n; ++id) {
+      const std::string& name = c.labels[static_cast<size_t>(id)];
+      CORELM_CHECK(l2i.contains(name) && l2i[name].is_number_integer() && l2i[name].get<int64_t>() == id,
+                   FormatError, r.where("label2id"), ": '", name, "' must map to ", id, " as in id2label");
+    }
+  }
+  c.classifier_temperature = r.number_or("classifier_temperature", 1.0);
+  c.classifier_pooling = r.string_or("classifier_pooling", "last");
+  c.classifier_template = r.string_or("classifier_template", "");
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
@@ -125,6 +174,12 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   }
   c.bos_token_id = r.token_id("bos_token_id", c.vocab_size);
   c.eos_token_id = r.token_id("eos_token_id", c.vocab_size);
+  // Lenient: published configs carry pad ids of -1 or past the vocabulary; only a real token is kept.
+  if (r.has("pad_token_id") && j["pad_token_id"].is_number_integer()) {
+    const int64_t pad = j["pad_token_id"].get<int64_t>();
+    if (pad >= 0 && pad < c.vocab_size) c.pad_token_id = pad;
+  }
+  read_classifier(j, r, c);
 
   // Features the decoder does not implement: refuse rather than silently compute something else.
   std::string act = r.string_or("hidden_act", "silu");
@@ -190,6 +245,21 @@ json ModelConfig::to_json() const {
   j["use_cache"] = true;
   j["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);
   j["eos_token_id"] = eos_token_id >= 0 ? json(eos_token_id) : json(nullptr);
+  if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
+  if (has_classifier()) {
+    j["architectures"] = json::array({qwen ? "Qwen2ForSequenceClassification" : "LlamaForSequenceClassification"});
+    json id2label = json::object(), label2id = json::object();
+    for (size_t i = 0; i < labels.size(); ++i) {
+      id2label[std::to_string(i)] = labels[i];
+      label2id[labels[i]] = static_cast<int64_t>(i);
+    }
+    j["id2label"] = id2label;
+    j["label2id"] = label2id;
+    j["num_labels"] = static_cast<int64_t>(labels.size());
+    j["classifier_temperature"] = classifier_temperature;
+    j["classifier_pooling"] = classifier_pooling;
+    j["classifier_template"] = classifier_template;
+  }
   if (qwen) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = max_position_embeddings;
@@ -239,6 +309,12 @@ void ModelConfig::validate() const {
                num_key_value_heads, ") does not divide num_attention_heads (", num_attention_heads, ")");
   CORELM_CHECK(rope_theta > 0, ValueError, "model config: rope_theta must be positive, got ", rope_theta);
   CORELM_CHECK(rms_norm_eps > 0, ValueError, "model config: rms_norm_eps must be positive, got ", rms_norm_eps);
+  CORELM_CHECK(std::isfinite(classifier_temperature) && classifier_temperature > 0, ValueError,
+               "model config: field 'classifier_temperature' must be a positive number, got ", classifier_temperature);
+  CORELM_CHECK(classifier_pooling == "last" || classifier_pooling == "mean", ValueError,
+               "model config: field 'classifier_pooling' is '", classifier_pooling, "'; expected last or mean");
+  CORELM_CHECK(pad_token_id >= -1 && pad_token_id < vocab_size, ValueError, "model config: field 'pad_token_id' = ",
+               pad_token_id, " is not a token id of the vocabulary (0..", vocab_size - 1, ")");
   CORELM_CHECK(model_type != "qwen2" || attention_bias, ValueError,
                "model config: qwen2 models have q/k/v biases (attention_bias must be true)");
 }
@@ -252,6 +328,7 @@ int64_t ModelConfig::num_parameters(bool include_embeddings) const {
   const int64_t per_layer = attn + mlp + 2 * hidden_size;
   int64_t n = num_hidden_layers * per_layer + hidden_size;
   if (include_embeddings) n += vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2);
+  n += static_cast<int64_t>(labels.size()) * hidden_size;
   return n;
 }
 

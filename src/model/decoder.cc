@@ -60,6 +60,7 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
   }
   add("model.norm.weight", {H});
   if (!config.tie_word_embeddings) add("lm_head.weight", {V, H});
+  if (config.has_classifier()) add("score.weight", {static_cast<int64_t>(config.labels.size()), H});
   return out;
 }
 
@@ -188,6 +189,12 @@ std::string Decoder::lm_head_weight_name() const {
 }
 
 const Tensor& Decoder::lm_head_weight() const { return params_[index_.at(lm_head_weight_name())].second; }
+
+const Tensor& Decoder::classifier_weight() const {
+  CORELM_CHECK(config_.has_classifier(), ValueError, "this model has no classification head (score.weight); ",
+               "train one with corelm train --task classify");
+  return params_[index_.at("score.weight")].second;
+}
 
 Tensor Decoder::lm_head(const Tensor& hidden) const {
   const Tensor& w = lm_head_weight();

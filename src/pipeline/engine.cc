@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <filesystem>
+
 #include "corelm/error.h"
 
 namespace corelm::pipeline {
@@ -22,7 +24,43 @@ double log_sum_exp(const float* x, int64_t n) {
   return m + std::log(s);
 }
 
+std::string join_labels(const std::vector<std::string>& labels) {
+  std::string s;
+  for (const auto& l : labels) s += (s.empty() ? "" : ",") + l;
+  return s;
+}
+
 }  // namespace
+
+void apply_model_task_defaults(TaskSpec& task, const std::string& model_path) {
+  if (task.kind != TaskKind::Classify) return;
+  const std::filesystem::path config = std::filesystem::path(model_path) / "config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(config, ec)) return;
+  model::ModelConfig c;
+  try {
+    c = model::ModelConfig::load(config.string());
+  } catch (const Error&) {
+    return;  // the model load names what is wrong with it
+  }
+  if (!c.has_classifier()) return;
+  if (task.labels.empty()) task.labels = c.labels;
+  if (task.template_text.empty()) task.template_text = c.classifier_template.empty() ? "{text}" : c.classifier_template;
+}
+
+std::vector<int64_t> head_label_index(const std::vector<std::string>& task_labels,
+                                      const std::vector<std::string>& head_labels) {
+  std::vector<int64_t> index;
+  for (const auto& l : task_labels) {
+    const auto it = std::find(head_labels.begin(), head_labels.end(), l);
+    CORELM_CHECK(it != head_labels.end(), ValueError, "--labels (", join_labels(task_labels),
+                 ") do not match the model's classification head (", join_labels(head_labels), "): '", l,
+                 "' is not one of its labels; give a subset of the head's labels, in any order, or leave --labels "
+                 "out to use them all");
+    index.push_back(it - head_labels.begin());
+  }
+  return index;
+}
 
 Engine::Engine(const model::Decoder& decoder, const Tokenizer& tokenizer, TaskSpec spec, int64_t max_logits_floats)
     : decoder_(decoder), tok_(tokenizer), spec_(std::move(spec)), max_logits_floats_(max_logits_floats) {
@@ -32,12 +70,18 @@ Engine::Engine(const model::Decoder& decoder, const Tokenizer& tokenizer, TaskSp
   tok_vocab_ = std::min<int64_t>(vocab_, static_cast<int64_t>(tok_.vocab_size()));
   ctx_ = cfg.max_position_embeddings;
   if (spec_.max_context > 0) ctx_ = std::min(ctx_, spec_.max_context);
+  if (spec_.kind == TaskKind::Classify && cfg.has_classifier() && spec_.template_text.empty())
+    spec_.template_text = cfg.classifier_template.empty() ? "{text}" : cfg.classifier_template;
   const std::string tmpl = spec_.effective_template();
   const size_t at = tmpl.find("{text}");
   prefix_text_ = tmpl.substr(0, at);
   suffix_text_ = tmpl.substr(at + 6);
 
-  if (spec_.kind == TaskKind::Classify) {
+  head_ = spec_.kind == TaskKind::Classify && cfg.has_classifier();
+  if (head_) {
+    head_index_ = head_label_index(spec_.labels, cfg.labels);
+    budget_ = ctx_;
+  } else if (spec_.kind == TaskKind::Classify) {
     for (const auto& label : spec_.labels) {
       std::vector<TokenId> t = tok_.encode(spec_.label_prefix + label);
       if (spec_.label_eos && tok_.eos_id()) t.push_back(*tok_.eos_id());
@@ -71,6 +115,13 @@ Engine::Engine(const model::Decoder& decoder, const Tokenizer& tokenizer, TaskSp
     prefix_logits_.assign(static_cast<size_t>(P * vocab_), 0.0f);
     forward({prefix_}, *prefix_cache_, {0},
             [&](size_t, const float* logits) { std::copy_n(logits, P * vocab_, prefix_logits_.begin()); });
+    if (head_ && cfg.classifier_pooling == "mean") {
+      model::KVCache scratch(cfg, 1, P);
+      std::vector<int32_t> flat(prefix_.begin(), prefix_.end());
+      const Tensor h = decoder_.forward_cached(Tensor::from_vector(flat, {1, P}), scratch, {0}, model::Logits::None)
+                           .contiguous();
+      prefix_hidden_.assign(h.data<float>(), h.data<float>() + h.numel());
+    }
   }
   set_batch(1);
 }
@@ -91,7 +142,8 @@ void Engine::ensure_cache(int64_t positions) {
   const int64_t limit = ctx_ + kBucketStep;
   positions = std::min(positions, limit);
   if (cache_ && cache_->capacity() >= positions) return;
-  const int64_t rows = spec_.kind == TaskKind::Classify ? batch_ * static_cast<int64_t>(label_tokens_.size()) : batch_;
+  const int64_t rows =
+      spec_.kind == TaskKind::Classify && !head_ ? batch_ * static_cast<int64_t>(label_tokens_.size()) : batch_;
   // Grow geometrically so a corpus of slowly rising lengths reallocates only a few times.
   const int64_t capacity = cache_ ? std::min(limit, std::max(positions, 2 * cache_->capacity())) : positions;
   cache_.reset();
@@ -217,7 +269,7 @@ void Engine::run_batch(const std::vector<PreparedDoc*>& docs) {
   need += (spec_.kind == TaskKind::Classify ? label_len_ : spec_.kind == TaskKind::Extract ? spec_.max_tokens : 0);
   ensure_cache(need + kBucketStep);
   switch (spec_.kind) {
-    case TaskKind::Classify: classify(docs); break;
+    case TaskKind::Classify: head_ ? classify_head(docs) : classify(docs); break;
     case TaskKind::Extract: extract(docs); break;
     case TaskKind::Score: score(docs); break;
   }
@@ -289,6 +341,67 @@ void Engine::classify(const std::vector<PreparedDoc*>& docs) {
     r["probs"] = std::move(probs);
     r["margin"] = L > 1 ? p[order[0]] - p[order[1]] : 1.0;
     r["logprob"] = ll[order[0]];
+  }
+}
+
+void Engine::classify_head(const std::vector<PreparedDoc*>& docs) {
+  const auto& cfg = decoder_.config();
+  const int64_t H = cfg.hidden_size, L = static_cast<int64_t>(head_index_.size());
+  const bool mean = cfg.classifier_pooling == "mean";
+  const double temperature = cfg.classifier_temperature;
+  const Tensor w = decoder_.classifier_weight().contiguous();
+  const float* W = w.data<float>();
+  const int64_t T = bucket(*docs[0]);
+  std::vector<int64_t> rows(docs.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  start_rows(docs, rows);
+  // Padding sits after each document's last token: under the causal mask it never reaches the
+  // positions pooled, so a row's result depends on its document alone.
+  const std::vector<std::vector<TokenId>> ids = padded_doc_parts(docs, T, 0);
+  std::vector<int32_t> flat;
+  for (const auto& row : ids) flat.insert(flat.end(), row.begin(), row.end());
+  const Tensor hidden = decoder_.forward_cached(Tensor::from_vector(flat, {static_cast<int64_t>(docs.size()), T}),
+                                                *cache_, rows, model::Logits::None)
+                            .contiguous();
+  const float* hs = hidden.data<float>();
+  std::vector<double> pooled(static_cast<size_t>(H));
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const PreparedDoc& d = *docs[i];
+    const int64_t n = static_cast<int64_t>(d.tokens.size());
+    const float* row = hs + static_cast<int64_t>(i) * T * H;
+    if (mean) {
+      std::fill(pooled.begin(), pooled.end(), 0.0);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* h = t < d.reuse ? prefix_hidden_.data() + t * H : row + (t - d.reuse) * H;
+        for (int64_t k = 0; k < H; ++k) pooled[k] += h[k];
+      }
+      for (double& v : pooled) v /= static_cast<double>(n);
+    } else {
+      const float* h = row + (n - 1 - d.reuse) * H;
+      for (int64_t k = 0; k < H; ++k) pooled[k] = h[k];
+    }
+    std::vector<double> z(static_cast<size_t>(L));
+    for (int64_t j = 0; j < L; ++j) {
+      const float* wr = W + head_index_[j] * H;
+      double acc = 0;
+      for (int64_t k = 0; k < H; ++k) acc += pooled[k] * wr[k];
+      z[j] = acc / temperature;
+    }
+    const double m = *std::max_element(z.begin(), z.end());
+    double sum = 0;
+    for (double v : z) sum += std::exp(v - m);
+    std::vector<double> p(static_cast<size_t>(L));
+    for (int64_t j = 0; j < L; ++j) p[j] = std::exp(z[j] - m) / sum;
+    std::vector<int64_t> order(static_cast<size_t>(L));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    nlohmann::ordered_json probs = nlohmann::ordered_json::object();
+    for (int64_t j = 0; j < L; ++j) probs[spec_.labels[j]] = p[j];
+    auto& r = docs[i]->result;
+    r["label"] = spec_.labels[order[0]];
+    r["probs"] = std::move(probs);
+    r["margin"] = L > 1 ? p[order[0]] - p[order[1]] : 1.0;
+    r["logprob"] = std::log(p[order[0]]);
   }
 }
 

@@ -58,8 +58,10 @@ class Engine {
   // Prefills each document into its row and hands over the logits of its last prompt token.
   void prefill_last(const std::vector<PreparedDoc*>& docs, const std::vector<int64_t>& rows,
                     const std::function<void(size_t, const float*)>& on_last_logits);
-  int64_t hold_back() const { return spec_.kind == TaskKind::Score ? 0 : 1; }
+  int64_t hold_back() const { return spec_.kind == TaskKind::Score || head_ ? 0 : 1; }
   void classify(const std::vector<PreparedDoc*>& docs);
+  // With a classification head: one forward per document, softmax(score(pooled hidden) / T).
+  void classify_head(const std::vector<PreparedDoc*>& docs);
   void extract(const std::vector<PreparedDoc*>& docs);
   void score(const std::vector<PreparedDoc*>& docs);
 
@@ -75,6 +77,20 @@ class Engine {
   std::vector<std::vector<TokenId>> label_tokens_;
   int64_t label_len_ = 0;  // longest label continuation
   std::optional<Regex> regex_;
+  // Classification head (ModelConfig::labels): spec label k is head class head_index_[k].
+  bool head_ = false;
+  std::vector<int64_t> head_index_;
+  std::vector<float> prefix_hidden_;  // [|prefix|, H]: mean pooling over reused prefix positions
 };
+
+// Fills what a model with a classification head says and the task leaves open: --labels (the
+// head's) and --template (the one it was trained with, else "{text}"). Reads only the model
+// directory's config.json; a model without a head, or a path that is not a directory, is left
+// alone. Called by the runner (and so by eval-task) before the task is validated and hashed.
+void apply_model_task_defaults(TaskSpec& task, const std::string& model_path);
+// The head's class index of each task label; ValueError naming both sets when a task label is not
+// one of the head's (a subset in any order is allowed: probs are renormalised over it).
+std::vector<int64_t> head_label_index(const std::vector<std::string>& task_labels,
+                                      const std::vector<std::string>& head_labels);
 
 }  // namespace corelm::pipeline

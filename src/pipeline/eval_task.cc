@@ -2,6 +2,7 @@
 // `corelm run classify` produces, at its speed), then its part files are joined with the gold
 // labels by the runner's FILE:LINE ids.
 #include "corelm/eval_task.h"
+#include "pipeline/engine.h"
 
 #include <stdlib.h>
 
@@ -169,7 +170,8 @@ RunSummary run_and_read(RunOptions o, Fn fn) {
 }  // namespace
 
 EvalTaskResult eval_classify(const EvalTaskOptions& options) {
-  const RunOptions& o = options.run;
+  RunOptions o = options.run;
+  apply_model_task_defaults(o.task, o.model);  // a classification head's labels and template
   CORELM_CHECK(o.task.kind == TaskKind::Classify, ValueError, "eval_classify: the task is not classify");
   CORELM_CHECK(!o.task.labels.empty(), ValueError, "eval-task: --labels is required for classify");
   std::map<std::string, int> label_index;

@@ -338,7 +338,9 @@ RunSummary run_impl(const RunOptions& o, const MpiWorld& world) {
 RunSummary run(const RunOptions& options) {
   MpiWorld world(options.mpi);
   try {
-    return run_impl(options, world);
+    RunOptions with_defaults = options;
+    apply_model_task_defaults(with_defaults.task, options.model);  // a head's labels and template
+    return run_impl(with_defaults, world);
   } catch (const std::exception& e) {
     if (!world.active()) throw;
     // Other ranks would wait forever at the next barrier: report and take the job down.

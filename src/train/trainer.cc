@@ -382,6 +382,22 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   const int64_t last_step = opt.stop_at > 0 ? std::min(opt.steps, opt.stop_at) : opt.steps;
 
   auto run_eval = [&](nlohmann::ordered_json& rec, int64_t at_step, double train_loss) {
+    if (opt.objective) {  // the task's own evaluation (e.g. dev accuracy of the classification head)
+      std::vector<std::pair<std::string, double>> fields;
+      const double v = opt.objective->evaluate(model, at_step, fields);
+      for (const auto& [key, x] : fields) rec[key] = x;
+      if (!std::isfinite(v)) return;
+      rec["val_loss"] = v;
+      result.last_val_loss = v;
+      result.curve.push_back(CurvePoint{at_step, train_loss, v});
+      if (opt.progress) {
+        if (tty) std::fputs("\r\x1b[K", stderr);
+        std::fprintf(stderr, "step %lld | train loss %.4f | val loss %.4f", static_cast<long long>(at_step), train_loss, v);
+        for (const auto& [key, x] : fields) std::fprintf(stderr, " | %s %.4f", key.c_str(), x);
+        std::fputs("\n", stderr);
+      }
+      return;
+    }
     if (!val || val->empty()) return;
     const EvalResult ev = evaluate(model, *val);
     if (ev.tokens == 0) return;  // nothing to score: no val_loss rather than a made-up one
@@ -420,7 +436,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
       Batch b = data.next(opt.batch, opt.seq);
       ops::ComputeDTypeScope precision(compute);
       SampledDraw draw{proposal.get(), opt.sampled_negatives, draw_seed, step, a};
-      Tensor loss = batch_loss(model, b, proposal ? &draw : nullptr);
+      Tensor loss = opt.objective ? opt.objective->loss(model, b) : batch_loss(model, b, proposal ? &draw : nullptr);
       if (opt.grad_accum > 1) loss = ops::scale(loss, 1.0f / static_cast<float>(opt.grad_accum));
       loss.backward();
       loss_value += loss.item();

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The post-training recipe for text classification with the head (docs/TRAINING.md,
+# "Classification head and post-training recipe"), one recipe for every labelled set:
+#
+#   bench/classify_recipe.sh TRAIN.jsonl DEV.jsonl TEST.jsonl LABELS WORK
+#
+# Records are {"text": ..., "label": ...}; LABELS is comma-separated. A tiny-class model (2 layers,
+# hidden 256, a byte-level BPE trained on TRAIN's text; 3-6M parameters) gets the head and is
+# trained with `corelm train --task classify` (label smoothing 0.1, weight decay 0.1, cosine
+# schedule, dev evaluation every ~half epoch, the best dev checkpoint kept, temperature fitted on
+# DEV) for each point of a small grid (learning rate x pooling); the point with the best DEV
+# accuracy (ties: lower dev loss) is kept, and only that model sees TEST, through
+# `corelm eval-task`. Nothing is chosen on TEST.
+#
+# Output: one JSON line on stdout
+#   {"accuracy", "macro_f1", "ece_before", "ece", "input_tok_s", "params", "train_s", "recipe": {...}}
+# where ece_before is TEST's ECE at temperature 1 (the same model, its temperature set to 1),
+# ece the calibrated model's, input_tok_s `eval-task`'s input tokens/s on one thread.
+#
+# Environment:
+#   PRETRAIN="FILE..." round 0 (multi-round recipe): language-model pretraining of the same model
+#                     on these unlabelled text files plus TRAIN's text (twice), PRETRAIN_STEPS
+#                     steps (default 600) of 16 x 64 tokens, lr 3e-3; its BPE is trained on that
+#                     text; every grid point then starts from it (--init). Unset: no round 0.
+#   INIT=DIR          start every grid point from this pretrained model (its tokenizer; the
+#                     config and BPE below are then unused); a model with a head is continued
+#   CORELM_BIN        default build/release/corelm
+#   LRS="1e-3 3e-3"   learning-rate grid;  POOLINGS="mean last"  pooling grid
+#   EPOCHS=6          passes over TRAIN per grid point, capped by MAX_STEPS (default 2500)
+#   BATCH=32 SEQ=128 VOCAB=8192 LAYERS=2 HIDDEN=256 FFN=640  the model and batch
+#   PRECISION=bf16    eval-task's inference precision (bf16 fast path, or f32)
+#   NICE=10           niceness of the training and evaluation runs
+#   PIN=0             the core they are pinned to with taskset (empty: not pinned)
+set -euo pipefail
+if [[ $# -ne 5 ]]; then
+  echo "usage: $0 TRAIN.jsonl DEV.jsonl TEST.jsonl LABELS WORK" >&2
+  exit 2
+fi
+train=$1 dev=$2 test=$3 labels=$4 work=$5
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${CORELM_BIN:-$root/build/release/corelm}
+lrs=${LRS:-"1e-3 3e-3"}
+poolings=${POOLINGS:-"mean last"}
+epochs=${EPOCHS:-6}
+max_steps=${MAX_STEPS:-2500}
+batch=${BATCH:-32}
+seq=${SEQ:-128}
+precision=${PRECISION:-bf16}
+for f in "$train" "$dev" "$test"; do [[ -s $f ]] || { echo "classify_recipe: $f is missing or empty" >&2; exit 1; }; done
+[[ -x $bin ]] || { echo "classify_recipe: $bin not built (cmake --build --preset release --target corelm_cli)" >&2; exit 1; }
+mkdir -p "$work"
+run=(nice -n "${NICE:-10}")
+pin=${PIN-0}
+[[ -n $pin ]] && command -v taskset >/dev/null && run+=(taskset -c "$pin")
+
+cat > "$work/config.json" <<JSON
+{"model_type": "llama", "vocab_size": ${VOCAB:-8192}, "hidden_size": ${HIDDEN:-256},
+ "intermediate_size": ${FFN:-640}, "num_hidden_layers": ${LAYERS:-2}, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": $(( ${HIDDEN:-256} / 4 )), "max_position_embeddings": $seq,
+ "tie_word_embeddings": true}
+JSON
+n_train=$(grep -c . "$train")
+steps=$(( (epochs * n_train + batch - 1) / batch ))
+(( steps > max_steps )) && steps=$max_steps
+eval_every=$(( n_train / batch / 2 ))
+(( eval_every < 20 )) && eval_every=20
+(( eval_every > steps )) && eval_every=$steps
+base=(--task classify --labels "$labels" --data "$train" --dev "$dev" --steps "$steps" --batch "$batch"
+      --seq "$seq" --label-smoothing 0.1 --weight-decay 0.1 --eval-every "$eval_every" --save-every 0
+      --keep-checkpoints 1 --no-progress --threads 1)
+start=$(date +%s.%N)
+init=${INIT:-}
+if [[ -z $init && -n ${PRETRAIN:-} ]]; then
+  python3 - "$train" "$work/train_text.txt" <<'PY'
+import json, sys
+with open(sys.argv[2], "w", encoding="utf-8") as out:
+    for line in open(sys.argv[1], encoding="utf-8"):
+        if line.strip():
+            out.write(json.loads(line)["text"].replace("\n", " ") + "\n")
+PY
+  rm -rf "$work/pretrain"
+  # shellcheck disable=SC2086
+  "${run[@]}" "$bin" train --config "$work/config.json" --data $PRETRAIN "$work/train_text.txt" "$work/train_text.txt" \
+    --steps "${PRETRAIN_STEPS:-600}" --batch 16 --seq 64 --lr 3e-3 --sample-tokens 0 --save-every 0 \
+    --keep-checkpoints 1 --no-progress --threads 1 --out "$work/pretrain" > "$work/pretrain.json"
+  echo "classify_recipe: round 0 (LM pretraining): $(cat "$work/pretrain.json")" >&2
+  init=$work/pretrain
+fi
+if [[ -n $init ]]; then base+=(--init "$init"); else base+=(--config "$work/config.json"); fi
+
+best="" best_acc=-1 best_loss=0
+for lr in $lrs; do
+  for pool in $poolings; do
+    out="$work/lr${lr}_$pool"
+    rm -rf "$out"
+    "${run[@]}" "$bin" train "${base[@]}" --lr "$lr" --pooling "$pool" --out "$out" > "$out.json"
+    read -r acc loss < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["dev_accuracy"], j["dev_loss"])' "$out.json")
+    echo "classify_recipe: lr $lr pooling $pool: dev accuracy $acc, dev loss $loss" >&2
+    if python3 -c 'import sys; a,l,ba,bl=map(float,sys.argv[1:]); sys.exit(0 if a>ba or (a==ba and l<bl) else 1)' \
+        "$acc" "$loss" "$best_acc" "$best_loss"; then
+      best=$out best_acc=$acc best_loss=$loss
+    fi
+  done
+done
+train_s=$(python3 -c "import time; print(round(time.time() - $start, 1))")
+
+# TEST, once, with the chosen model; and once more at temperature 1 for ece_before.
+"${run[@]}" "$bin" eval-task --model "$best" --data "$test" --task classify --precision "$precision" \
+  --threads 1 --batch 16 --json > "$work/test_eval.json"
+uncal="$work/uncalibrated"
+rm -rf "$uncal" && mkdir -p "$uncal"
+cp "$best/model.safetensors" "$best/tokenizer.json" "$uncal/"
+python3 - "$best/config.json" "$uncal/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["classifier_temperature"] = 1.0
+json.dump(c, open(sys.argv[2], "w"), indent=2)
+PY
+"${run[@]}" "$bin" eval-task --model "$uncal" --data "$test" --task classify --precision "$precision" \
+  --threads 1 --batch 16 --json > "$work/test_eval_uncalibrated.json"
+
+python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init" "${PRETRAIN:-}" <<'PY'
+import json, sys
+work, best, train_s, lrs, pools, steps, epochs, init, pretrain = sys.argv[1:]
+ev = json.load(open(f"{work}/test_eval.json"))
+un = json.load(open(f"{work}/test_eval_uncalibrated.json"))
+tr = json.load(open(f"{best}.json"))
+cfg = json.load(open(f"{best}/config.json"))
+print(json.dumps({
+    "accuracy": ev["accuracy"], "macro_f1": ev["macro_f1"], "ece_before": un["ece"], "ece": ev["ece"],
+    "input_tok_s": ev["tokens_per_s"], "params": tr["params"], "train_s": float(train_s),
+    "recipe": {"model": best, "init": init or None, "pretrain": pretrain.split() or None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
+               "chosen": {"lr": float(best.rsplit("/", 1)[1].split("_")[0][2:]), "pooling": cfg["classifier_pooling"]},
+               "steps": int(steps), "epochs": float(epochs), "best_step": tr["best_step"],
+               "dev_accuracy": tr["dev_accuracy"], "dev_ece_before": tr["ece_before"], "dev_ece": tr["ece_after"],
+               "temperature": tr["temperature"], "label_smoothing": 0.1, "weight_decay": 0.1,
+               "vocab": cfg["vocab_size"], "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"]}}))
+PY

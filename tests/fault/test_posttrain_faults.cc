@@ -1,0 +1,217 @@
+// Bad input to post-training with the classification head, through the real binary: records
+// whose label is not in --labels (FILE:LINE), empty and single-class data, label sets that differ
+// between a model's head and --labels (run classify, eval-task), a head model given to the
+// language-model path. Plus the positive controls the errors are measured against: a head model
+// trained by the CLI is run by `run classify` with exactly the head's probabilities, with its
+// stored labels and template by default, and with a reordered subset of its labels.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/cli_runner.h"
+#include "corelm/model_dir.h"
+#include "corelm/tokenizer.h"
+#include "corelm/train.h"
+
+namespace corelm::testing {
+namespace {
+namespace fs = std::filesystem;
+
+void write_text(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+std::string records(int n, uint32_t seed, bool one_class = false) {
+  static const char* red[] = {"red", "apple", "cherry", "rose"};
+  static const char* blue[] = {"blue", "sky", "sea", "ocean"};
+  std::string out;
+  uint32_t s = seed;
+  auto next = [&] { return (s = s * 1664525u + 1013904223u) >> 8; };
+  for (int i = 0; i < n; ++i) {
+    const bool is_red = one_class || next() % 2 == 0;
+    std::string text;
+    for (int w = 0, k = 2 + static_cast<int>(next() % 4); w < k; ++w)
+      text += std::string(w ? " " : "") + (is_red ? red : blue)[next() % 4];
+    out += nlohmann::json{{"text", text}, {"label", is_red ? "RED" : "BLUE"}}.dump() + "\n";
+  }
+  return out;
+}
+
+class PosttrainFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("corelm_posttrain_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    write_text(root_ / "train.jsonl", records(120, 1));
+    write_text(root_ / "dev.jsonl", records(30, 2));
+    write_text(root_ / "config.json",
+               R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
+                   "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                   "max_position_embeddings": 64, "tie_word_embeddings": true})");
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  std::string path(const std::string& n) const { return (root_ / n).string(); }
+  std::vector<std::string> train_args(const std::string& data, const std::string& out,
+                                      const std::string& labels = "RED,BLUE") const {
+    return {"train", "--task", "classify", "--labels", labels, "--config", path("config.json"), "--data", data,
+            "--out", out, "--steps", "4", "--batch", "8", "--seq", "16", "--no-progress"};
+  }
+  // A trained head model (a few steps: the tests need its format, not its accuracy).
+  std::string head_model() {
+    const std::string out = path("head");
+    auto args = train_args(path("train.jsonl"), out);
+    args.insert(args.end(), {"--dev", path("dev.jsonl"), "--template", "colour: {text}"});
+    const CliResult r = run_corelm(args, opts());
+    EXPECT_EQ(r.rc, 0) << r.all();
+    return out;
+  }
+  static CliOptions opts() {
+    CliOptions o;
+    o.timeout_s = 60;
+    return o;
+  }
+  fs::path root_;
+};
+
+TEST_F(PosttrainFaultTest, RecordWithAnUnknownLabelNamesFileAndLine) {
+  write_text(path("bad.jsonl"), records(5, 3) + "\n" + R"({"text": "green grass", "label": "GREEN"})" + "\n");
+  const CliResult r = run_corelm(train_args(path("bad.jsonl"), path("out")), opts());
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find(path("bad.jsonl") + ":7: label 'GREEN' is not one of --labels (RED,BLUE)"), std::string::npos)
+      << r.err;
+  // The same in a --dev file.
+  auto args = train_args(path("train.jsonl"), path("out2"));
+  args.insert(args.end(), {"--dev", path("bad.jsonl")});
+  const CliResult d = run_corelm(args, opts());
+  EXPECT_EQ(d.rc, 1);
+  EXPECT_NE(d.err.find(path("bad.jsonl") + ":7: label 'GREEN'"), std::string::npos) << d.err;
+}
+
+TEST_F(PosttrainFaultTest, EmptyDataIsRefused) {
+  write_text(path("empty.jsonl"), "\n\n");
+  const CliResult r = run_corelm(train_args(path("empty.jsonl"), path("out")), opts());
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find(path("empty.jsonl") + ": no records (empty data)"), std::string::npos) << r.err;
+}
+
+TEST_F(PosttrainFaultTest, SingleClassDataIsRefusedNamingTheMissingLabels) {
+  write_text(path("red.jsonl"), records(40, 4, true));
+  const CliResult r = run_corelm(train_args(path("red.jsonl"), path("out")), opts());
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find("holds training records of only 1 of the 2 labels (missing: BLUE)"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("out") + "/model.safetensors"));
+}
+
+TEST_F(PosttrainFaultTest, OneLabelAndBadOptionsAreRefused) {
+  CliResult r = run_corelm(train_args(path("train.jsonl"), path("o1"), "RED"), opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--labels needs at least two labels"), std::string::npos) << r.err;
+  auto args = train_args(path("train.jsonl"), path("o2"));
+  args.insert(args.end(), {"--label-smoothing", "1.5"});
+  r = run_corelm(args, opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--label-smoothing must be in [0, 1)"), std::string::npos) << r.err;
+  args = train_args(path("train.jsonl"), path("o3"));
+  args.insert(args.end(), {"--epochs", "2"});
+  r = run_corelm(args, opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--steps and --epochs are exclusive"), std::string::npos) << r.err;
+  r = run_corelm({"train", "--data", path("train.jsonl"), "--out", path("o4")}, opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--steps is required"), std::string::npos) << r.err;
+  r = run_corelm({"train", "--data", path("train.jsonl"), "--out", path("o5"), "--steps", "2", "--labels", "A,B"},
+                 opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("are for --task classify"), std::string::npos) << r.err;
+}
+
+TEST_F(PosttrainFaultTest, RunClassifyUsesTheHeadItsLabelsAndItsTemplate) {
+  const std::string model = head_model();
+  write_text(path("in.jsonl"), records(20, 5));
+  const CliResult r = run_corelm({"run", "classify", "--model", model, "--input", path("in.jsonl"), "--out",
+                                  path("run"), "--precision", "f32"},
+                                 opts());
+  ASSERT_EQ(r.rc, 0) << r.all();
+  const nlohmann::json run = nlohmann::json::parse(std::ifstream(path("run") + "/run.json"));
+  EXPECT_EQ(run["task"]["labels"], nlohmann::json({"RED", "BLUE"}));
+  EXPECT_EQ(run["task"]["template"], "colour: {text}");
+  // The probabilities are the head's: softmax(score(last hidden) / T) over the same prompt.
+  const model::LoadedModel m = model::load_model_dir(model);
+  train::ClassifyDataOptions d;
+  d.labels = {"RED", "BLUE"};
+  d.template_text = "colour: {text}";
+  const auto recs = train::load_classify_records(path("in.jsonl"), *m.tokenizer, d);
+  const auto logits = train::classify_logits(m.decoder, recs, 0);
+  const double T = m.decoder.config().classifier_temperature;
+  std::ifstream part(path("run") + "/part-00000000.jsonl");
+  std::string line;
+  size_t i = 0;
+  for (; std::getline(part, line); ++i) {
+    ASSERT_LT(i, recs.size());
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const double z0 = logits[i][0] / T, z1 = logits[i][1] / T;
+    const double p_red = 1 / (1 + std::exp(z1 - z0));
+    EXPECT_NEAR(j["probs"]["RED"].get<double>(), p_red, 1e-4) << line;
+  }
+  EXPECT_EQ(i, recs.size());
+  // A reordered set is allowed: the probabilities follow --labels' order, the values are the same.
+  const CliResult re = run_corelm({"run", "classify", "--model", model, "--input", path("in.jsonl"), "--out",
+                                   path("run2"), "--labels", "BLUE,RED", "--precision", "f32"},
+                                  opts());
+  ASSERT_EQ(re.rc, 0) << re.all();
+  std::ifstream a(path("run") + "/part-00000000.jsonl"), b(path("run2") + "/part-00000000.jsonl");
+  std::string la, lb;
+  ASSERT_TRUE(std::getline(a, la) && std::getline(b, lb));
+  const nlohmann::json ja = nlohmann::json::parse(la), jb = nlohmann::json::parse(lb);
+  EXPECT_EQ(ja["label"], jb["label"]);
+  EXPECT_NEAR(ja["probs"]["RED"].get<double>(), jb["probs"]["RED"].get<double>(), 1e-12);
+  EXPECT_EQ(jb["probs"].begin().key(), "BLUE");
+}
+
+TEST_F(PosttrainFaultTest, LabelsThatAreNotTheHeadsAreRefusedNamingBothSets) {
+  const std::string model = head_model();
+  write_text(path("in.jsonl"), records(5, 6));
+  const CliResult r = run_corelm({"run", "classify", "--model", model, "--input", path("in.jsonl"), "--out",
+                                  path("run"), "--labels", "RED,GREEN"},
+                                 opts());
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find("--labels (RED,GREEN) do not match the model's classification head (RED,BLUE): 'GREEN'"),
+            std::string::npos)
+      << r.err;
+  const CliResult e = run_corelm({"eval-task", "--model", model, "--data", path("in.jsonl"), "--task", "classify",
+                                  "--labels", "RED,BLUE,GREEN", "--json"},
+                                 opts());
+  EXPECT_EQ(e.rc, 1) << e.all();
+  EXPECT_NE(e.err.find("do not match the model's classification head (RED,BLUE)"), std::string::npos) << e.err;
+  // eval-task with the head's own labels (by default) works.
+  const CliResult ok = run_corelm({"eval-task", "--model", model, "--data", path("in.jsonl"), "--task", "classify",
+                                   "--json"},
+                                  opts());
+  EXPECT_EQ(ok.rc, 0) << ok.all();
+  EXPECT_NE(ok.out.find("\"accuracy\""), std::string::npos) << ok.out;
+  // A second round (--init the head model) over other labels needs them given; the head restarts.
+  auto args = train_args(path("train.jsonl"), path("round2"), "BLUE,RED");
+  args.insert(args.end(), {"--init", model});
+  args.erase(args.begin() + 5, args.begin() + 7);  // no --config with --init
+  const CliResult r2 = run_corelm(args, opts());
+  EXPECT_EQ(r2.rc, 0) << r2.all();
+}
+
+TEST_F(PosttrainFaultTest, HeadModelGivenToLanguageModelTrainingIsRefused) {
+  const std::string model = head_model();
+  write_text(path("text.txt"), "red apple cherry rose blue sky sea ocean\n");
+  const CliResult r =
+      run_corelm({"train", "--init", model, "--data", path("text.txt"), "--out", path("lm"), "--steps", "2"}, opts());
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find("has a classification head (2 labels); language-model training"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace corelm::testing

@@ -1,0 +1,426 @@
+// The classification head: config.json fields (HF id2label / label2id), the score.weight tensor
+// through save/load, records and their errors, stratified splits, pooling, label smoothing,
+// temperature scaling, and train() with the classify objective (learning, best-checkpoint
+// selection, bit-identical resume).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/model_factories.h"
+#include "corelm/autograd.h"
+#include "corelm/error.h"
+#include "corelm/model.h"
+#include "corelm/model_dir.h"
+#include "corelm/ops.h"
+#include "corelm/tokenizer.h"
+#include "corelm/tokenizer_train.h"
+#include "corelm/train.h"
+
+namespace corelm::train {
+namespace {
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("corelm_classify_test_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+void write_text(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+model::ModelConfig head_config(std::vector<std::string> labels, const std::string& pooling = "last") {
+  model::ModelConfig c = corelm::testing::tiny_decoder_config(300, 0.05);
+  c.labels = std::move(labels);
+  c.classifier_pooling = pooling;
+  return c;
+}
+
+std::vector<float> floats(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  return std::vector<float>(c.data<float>(), c.data<float>() + c.numel());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const fs::path& dir) {
+  std::string corpus;
+  for (int i = 0; i < 40; ++i) corpus += "red apple cherry rose blue sky sea ocean green grass leaf tree\n";
+  write_text(dir / "corpus.txt", corpus);
+  BpeTrainOptions o;
+  o.vocab_size = 300;
+  train_bpe({(dir / "corpus.txt").string()}, o, (dir / "tokenizer.json").string());
+  return Tokenizer::load((dir / "tokenizer.json").string());
+}
+
+// Two separable classes: texts made of "red" words or of "blue" words.
+std::string toy_records(int n, uint64_t seed) {
+  static const char* red[] = {"red", "apple", "cherry", "rose"};
+  static const char* blue[] = {"blue", "sky", "sea", "ocean"};
+  Generator g(seed);
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    const bool is_red = g.below(2) == 0;
+    std::string text;
+    const int words = 2 + static_cast<int>(g.below(5));
+    for (int w = 0; w < words; ++w) text += std::string(w ? " " : "") + (is_red ? red : blue)[g.below(4)];
+    out += nlohmann::json{{"text", text}, {"label", is_red ? "RED" : "BLUE"}}.dump() + "\n";
+  }
+  return out;
+}
+
+TEST(ClassifyHeadConfig, RoundTripsHfFields) {
+  model::ModelConfig c = head_config({"neg", "pos", "neutral"}, "mean");
+  c.classifier_temperature = 1.7;
+  c.classifier_template = "Review: {text}";
+  c.pad_token_id = 3;
+  const nlohmann::json j = c.to_json();
+  EXPECT_EQ(j["architectures"][0], "LlamaForSequenceClassification");
+  EXPECT_EQ(j["id2label"]["2"], "neutral");
+  EXPECT_EQ(j["label2id"]["pos"], 1);
+  EXPECT_EQ(j["num_labels"], 3);
+  const model::ModelConfig back = model::ModelConfig::from_json(j);
+  EXPECT_EQ(back.labels, c.labels);
+  EXPECT_EQ(back.classifier_pooling, "mean");
+  EXPECT_DOUBLE_EQ(back.classifier_temperature, 1.7);
+  EXPECT_EQ(back.classifier_template, "Review: {text}");
+  EXPECT_EQ(back.pad_token_id, 3);
+  EXPECT_EQ(back.num_parameters(), c.num_parameters());
+}
+
+TEST(ClassifyHeadConfig, CausalLmWithHfDefaultId2LabelHasNoHead) {
+  nlohmann::json j = corelm::testing::tiny_decoder_config(300, 0.02).to_json();
+  j["id2label"] = {{"0", "LABEL_0"}, {"1", "LABEL_1"}};  // what HF writes into every config
+  EXPECT_FALSE(model::ModelConfig::from_json(j).has_classifier());
+  EXPECT_EQ(model::ModelConfig::from_json(j).to_json()["architectures"][0], "LlamaForCausalLM");
+}
+
+TEST(ClassifyHeadConfig, InconsistentLabelFieldsAreFormatErrorsNamingTheField) {
+  const nlohmann::json good = head_config({"a", "b"}).to_json();
+  nlohmann::json j = good;
+  j["label2id"]["a"] = 1;
+  EXPECT_NE(error_of([&] { model::ModelConfig::from_json(j, "cfg.json"); }).find("cfg.json: field 'label2id'"),
+            std::string::npos);
+  j = good;
+  j["num_labels"] = 5;
+  EXPECT_NE(error_of([&] { model::ModelConfig::from_json(j, "cfg.json"); }).find("field 'num_labels'"),
+            std::string::npos);
+  j = good;
+  j["id2label"] = {{"0", "a"}, {"7", "b"}};
+  EXPECT_NE(error_of([&] { model::ModelConfig::from_json(j, "cfg.json"); }).find("'7' is not a label id"),
+            std::string::npos);
+  j = good;
+  j["id2label"] = {{"0", "a"}, {"1", "a"}};
+  j.erase("label2id");
+  EXPECT_NE(error_of([&] { model::ModelConfig::from_json(j, "cfg.json"); }).find("appears twice"), std::string::npos);
+  j = good;
+  j.erase("id2label");
+  EXPECT_THROW(model::ModelConfig::from_json(j), FormatError);
+  j = good;
+  j["classifier_pooling"] = "max";
+  EXPECT_THROW(model::ModelConfig::from_json(j), ValueError);
+}
+
+TEST(ClassifyHeadModel, ScoreWeightIsAParameterAndSurvivesSaveLoad) {
+  const fs::path dir = temp_dir("saveload");
+  model::Decoder d(head_config({"x", "y", "z"}));
+  d.init_weights(5);
+  ASSERT_TRUE(d.has_parameter("score.weight"));
+  EXPECT_EQ(d.classifier_weight().shape(), (Shape{3, 64}));
+  EXPECT_EQ(d.named_parameters().back().first, "score.weight");
+  model::save_model_dir(dir.string(), d);
+  make_tokenizer(dir);  // load_model_dir wants one beside the weights
+  const model::LoadedModel m = model::load_model_dir(dir.string());
+  ASSERT_TRUE(m.decoder.config().has_classifier());
+  EXPECT_EQ(m.decoder.config().labels, (std::vector<std::string>{"x", "y", "z"}));
+  EXPECT_EQ(floats(m.decoder.classifier_weight()), floats(d.classifier_weight()));
+  // A model without a head says so when asked for one.
+  model::Decoder plain(corelm::testing::tiny_decoder_config(300, 0.02));
+  EXPECT_NE(error_of([&] { plain.classifier_weight(); }).find("no classification head"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(ClassifyRecords, BadLabelEmptyFileAndMissingFieldNameFileAndLine) {
+  const fs::path dir = temp_dir("records");
+  auto tok = make_tokenizer(dir);
+  ClassifyDataOptions o;
+  o.labels = {"RED", "BLUE"};
+  write_text(dir / "bad.jsonl", "{\"text\": \"red\", \"label\": \"RED\"}\n\n{\"text\": \"sky\", \"label\": \"GREEN\"}\n");
+  const std::string bad = (dir / "bad.jsonl").string();
+  EXPECT_NE(error_of([&] { load_classify_records(bad, *tok, o); })
+                .find(bad + ":3: label 'GREEN' is not one of --labels (RED,BLUE)"),
+            std::string::npos);
+  write_text(dir / "empty.jsonl", "\n  \n");
+  EXPECT_NE(error_of([&] { load_classify_records((dir / "empty.jsonl").string(), *tok, o); }).find("no records"),
+            std::string::npos);
+  write_text(dir / "nofield.jsonl", "{\"body\": \"red\", \"label\": \"RED\"}\n");
+  EXPECT_NE(error_of([&] { load_classify_records((dir / "nofield.jsonl").string(), *tok, o); })
+                .find("nofield.jsonl:1: missing string field \"text\""),
+            std::string::npos);
+  write_text(dir / "badjson.jsonl", "{\"text\": \"red\", \"label\": \"RED\"}\n{oops\n");
+  EXPECT_NE(error_of([&] { load_classify_records((dir / "badjson.jsonl").string(), *tok, o); })
+                .find("badjson.jsonl:2: invalid JSON"),
+            std::string::npos);
+  // Integer labels are read as their decimal spelling.
+  write_text(dir / "int.jsonl", "{\"text\": \"red\", \"label\": 1}\n{\"text\": \"sky\", \"label\": 0}\n");
+  o.labels = {"0", "1"};
+  const auto recs = load_classify_records((dir / "int.jsonl").string(), *tok, o);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0].label, 1);
+  EXPECT_EQ(recs[1].label, 0);
+  fs::remove_all(dir);
+}
+
+TEST(ClassifyRecords, TemplateAndTruncation) {
+  const fs::path dir = temp_dir("template");
+  auto tok = make_tokenizer(dir);
+  write_text(dir / "r.jsonl", "{\"text\": \"red apple cherry rose red apple\", \"label\": \"RED\"}\n");
+  ClassifyDataOptions o;
+  o.labels = {"RED", "BLUE"};
+  o.template_text = "tree: {text} leaf";
+  const auto full = load_classify_records((dir / "r.jsonl").string(), *tok, o);
+  EXPECT_EQ(full[0].ids, tok->encode("tree: red apple cherry rose red apple leaf"));
+  o.max_tokens = 3;
+  EXPECT_EQ(load_classify_records((dir / "r.jsonl").string(), *tok, o)[0].ids.size(), 3u);
+  o.template_text = "no placeholder";
+  EXPECT_THROW(load_classify_records((dir / "r.jsonl").string(), *tok, o), ValueError);
+  fs::remove_all(dir);
+}
+
+TEST(ClassifySplit, StratifiedKeepsEveryClassInBothParts) {
+  std::vector<ClassifyRecord> all;
+  for (int i = 0; i < 100; ++i) all.push_back({{1, 2}, i < 90 ? 0 : 1});  // 90 / 10
+  std::vector<ClassifyRecord> train, dev;
+  stratified_split(all, 0.2, train, dev, 2);
+  EXPECT_EQ(label_counts(dev, 2), (std::vector<int64_t>{18, 2}));
+  EXPECT_EQ(label_counts(train, 2), (std::vector<int64_t>{72, 8}));
+  EXPECT_THROW(stratified_split(all, 1.0, train, dev, 2), ValueError);
+}
+
+TEST(ClassifyHead, PoolingPicksTheLastRealTokenOrTheMeanAndIgnoresPadding) {
+  for (const std::string pooling : {"last", "mean"}) {
+    model::Decoder d(head_config({"a", "b", "c"}, pooling));
+    d.init_weights(9);
+    const ClassifyRecord r1{{5, 6, 7, 8, 9}, 0}, r2{{11, 12}, 1};
+    const Tensor both = classifier_logits(d, make_classify_batch({&r1, &r2}, 0), false);
+    const Tensor alone = classifier_logits(d, make_classify_batch({&r2}, 0), false);
+    // Row 2 padded to 5 gives its unpadded logits (causal mask: padding comes after).
+    const auto b = floats(both), a = floats(alone);
+    for (int j = 0; j < 3; ++j) EXPECT_NEAR(b[3 + j], a[j], 1e-5) << pooling;
+    // Against the hidden states by hand.
+    autograd::NoGradGuard ng;
+    const Tensor h = d.forward_hidden(Tensor::from_vector(std::vector<int64_t>{5, 6, 7, 8, 9}, {1, 5})).contiguous();
+    const Tensor w = d.classifier_weight().contiguous();
+    const int64_t H = 64;
+    for (int j = 0; j < 3; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < H; ++k) {
+        double pooled = 0;
+        if (pooling == "last") pooled = h.data<float>()[4 * H + k];
+        else
+          for (int t = 0; t < 5; ++t) pooled += h.data<float>()[t * H + k] / 5.0;
+        acc += pooled * w.data<float>()[j * H + k];
+      }
+      EXPECT_NEAR(b[j], acc, 1e-4) << pooling;
+    }
+  }
+}
+
+TEST(ClassifyHead, LabelSmoothingLossIsTorchsFormula) {
+  model::Decoder d(head_config({"a", "b", "c", "d"}));
+  d.init_weights(3);
+  const ClassifyRecord r1{{5, 6, 7}, 2}, r2{{8, 9}, 0};
+  const Batch b = make_classify_batch({&r1, &r2}, 0);
+  ClassifyTrainOptions o;
+  o.label_smoothing = 0.1;
+  std::vector<ClassifyRecord> dev;
+  ClassifyObjective obj(dev, o);
+  autograd::NoGradGuard ng;
+  const double loss = obj.loss(d, b).item();
+  const auto z = floats(classifier_logits(d, b));
+  double expect = 0;
+  const int64_t labels[2] = {2, 0};
+  for (int r = 0; r < 2; ++r) {
+    double m = -1e30, s = 0;
+    for (int j = 0; j < 4; ++j) m = std::max(m, double(z[r * 4 + j]));
+    for (int j = 0; j < 4; ++j) s += std::exp(z[r * 4 + j] - m);
+    const double lse = m + std::log(s);
+    double row = 0;
+    for (int j = 0; j < 4; ++j) row += (0.1 / 4 + (j == labels[r] ? 0.9 : 0.0)) * (lse - z[r * 4 + j]);
+    expect += row / 2;
+  }
+  EXPECT_NEAR(loss, expect, 1e-5);
+  ClassifyTrainOptions bad;
+  bad.label_smoothing = 1.0;
+  EXPECT_THROW(ClassifyObjective(dev, bad), ValueError);
+}
+
+TEST(ClassifyCalibration, TemperatureUndoesAScaling) {
+  // Logits whose true temperature is 1 (labels drawn from softmax(z)), shown scaled by 3: the fit
+  // must find T ~ 3, and the ECE after it is lower than before.
+  Generator g(1);
+  std::vector<std::vector<float>> logits;
+  std::vector<int64_t> labels;
+  for (int i = 0; i < 4000; ++i) {
+    std::vector<float> z = {static_cast<float>(g.normal()), static_cast<float>(g.normal()), static_cast<float>(g.normal())};
+    double s = 0;
+    for (float v : z) s += std::exp(v);
+    double u = (g.below(1000000) + 0.5) / 1e6, c = 0;
+    int64_t y = 2;
+    for (int j = 0; j < 3; ++j) {
+      c += std::exp(z[j]) / s;
+      if (u < c) {
+        y = j;
+        break;
+      }
+    }
+    for (float& v : z) v *= 3;
+    logits.push_back(z);
+    labels.push_back(y);
+  }
+  const double t = fit_temperature(logits, labels);
+  EXPECT_NEAR(t, 3.0, 0.3);
+  EXPECT_LT(calibration_stats(logits, labels, t).ece, calibration_stats(logits, labels, 1.0).ece);
+  EXPECT_LT(calibration_stats(logits, labels, t).ece, 0.03);
+}
+
+struct ToyRun {
+  fs::path dir;
+  std::unique_ptr<Tokenizer> tok;
+  std::vector<ClassifyRecord> train, dev;
+};
+
+ToyRun toy_run(const std::string& name) {
+  ToyRun t;
+  t.dir = temp_dir(name);
+  t.tok = make_tokenizer(t.dir);
+  write_text(t.dir / "train.jsonl", toy_records(160, 1));
+  write_text(t.dir / "dev.jsonl", toy_records(40, 2));
+  ClassifyDataOptions o;
+  o.labels = {"RED", "BLUE"};
+  t.train = load_classify_records((t.dir / "train.jsonl").string(), *t.tok, o);
+  t.dev = load_classify_records((t.dir / "dev.jsonl").string(), *t.tok, o);
+  return t;
+}
+
+TrainOptions toy_options(const fs::path& out, int64_t steps) {
+  TrainOptions o;
+  o.out_dir = out.string();
+  o.steps = steps;
+  o.batch = 16;
+  o.seq = 16;
+  o.schedule.lr = 3e-3;
+  o.schedule.warmup = 2;
+  o.eval_every = 5;
+  o.progress = false;
+  o.sample_tokens = 0;
+  o.keep_checkpoints = 10;
+  return o;
+}
+
+TEST(ClassifyTrain, LearnsSeparableClassesKeepsBestAndWritesTemperature) {
+  ToyRun t = toy_run("learn");
+  model::Decoder d(head_config({"RED", "BLUE"}));
+  d.init_weights(1);
+  ClassifyTrainOptions co;
+  co.label_smoothing = 0.1;
+  ClassifyObjective obj(t.dev, co);
+  ClassifySampler sampler(t.train, 2, false, 0, 7);
+  TrainOptions o = toy_options(t.dir / "out", 30);
+  o.objective = &obj;
+  const TrainResult r = train(d, sampler, nullptr, nullptr, (t.dir / "tokenizer.json").string(), o);
+  ASSERT_TRUE(r.last_val_loss.has_value());
+  ASSERT_TRUE(obj.has_best());
+  EXPECT_GE(obj.best_accuracy(), 0.95);
+  const ClassifyFinish f = finish_classifier(d, obj, t.dev, o.out_dir, 0);
+  EXPECT_EQ(f.best_step, obj.best_step());
+  EXPECT_DOUBLE_EQ(f.dev_accuracy, obj.best_accuracy());
+  EXPECT_GT(f.temperature, 0);
+  // OUT holds the best evaluation's weights and the fitted temperature.
+  const model::LoadedModel m = model::load_model_dir(o.out_dir);
+  EXPECT_DOUBLE_EQ(m.decoder.config().classifier_temperature, f.temperature);
+  std::vector<int64_t> labels;
+  for (const auto& rec : t.dev) labels.push_back(rec.label);
+  EXPECT_DOUBLE_EQ(calibration_stats(classify_logits(m.decoder, t.dev, 0), labels, 1.0).accuracy, obj.best_accuracy());
+  // The dev log lines carry the accuracy.
+  std::ifstream log(t.dir / "out" / "train_log.jsonl");
+  std::string line;
+  int with_acc = 0;
+  while (std::getline(log, line)) with_acc += nlohmann::json::parse(line).contains("dev_accuracy");
+  EXPECT_EQ(with_acc, 6);
+  fs::remove_all(t.dir);
+}
+
+TEST(ClassifyTrain, FrozenBodyTrainsOnlyTheHead) {
+  ToyRun t = toy_run("frozen");
+  model::Decoder d(head_config({"RED", "BLUE"}));
+  d.init_weights(1);
+  const auto embed_before = floats(d.parameter("model.embed_tokens.weight"));
+  const auto head_before = floats(d.classifier_weight());
+  ClassifyTrainOptions co;
+  co.train_body = false;
+  ClassifyObjective obj(t.dev, co);
+  ClassifySampler sampler(t.train, 2, true, 0, 7);
+  TrainOptions o = toy_options(t.dir / "out", 6);
+  o.objective = &obj;
+  train(d, sampler, nullptr, nullptr, "", o);
+  EXPECT_EQ(floats(d.parameter("model.embed_tokens.weight")), embed_before);
+  EXPECT_NE(floats(d.classifier_weight()), head_before);
+  fs::remove_all(t.dir);
+}
+
+TEST(ClassifyTrain, ResumeIsBitIdentical) {
+  ToyRun t = toy_run("resume");
+  auto run = [&](const fs::path& out, int64_t stop_at, bool resume, model::Decoder& d) {
+    ClassifyTrainOptions co;
+    co.label_smoothing = 0.1;
+    ClassifyObjective obj(t.dev, co);
+    ClassifySampler sampler(t.train, 2, false, 0, 7);
+    TrainOptions o = toy_options(out, 12);
+    o.objective = &obj;
+    o.stop_at = stop_at;
+    o.resume = resume;
+    train(d, sampler, nullptr, nullptr, "", o);
+  };
+  model::Decoder straight(head_config({"RED", "BLUE"}));
+  straight.init_weights(1);
+  run(t.dir / "a", 0, false, straight);
+  model::Decoder resumed(head_config({"RED", "BLUE"}));
+  resumed.init_weights(1);
+  run(t.dir / "b", 7, false, resumed);  // the straight run crosses an epoch boundary (160 records) at step 10
+  model::Decoder again(head_config({"RED", "BLUE"}));
+  again.init_weights(1);
+  run(t.dir / "b", 0, true, again);
+  for (size_t i = 0; i < straight.named_parameters().size(); ++i)
+    EXPECT_EQ(floats(straight.named_parameters()[i].second), floats(again.named_parameters()[i].second))
+        << straight.named_parameters()[i].first;
+  fs::remove_all(t.dir);
+}
+
+TEST(ClassifySampler, EpochsVisitEveryRecordOnceAndBalancedDrawsEvenClasses) {
+  std::vector<ClassifyRecord> recs;
+  for (int i = 0; i < 30; ++i) recs.push_back({{static_cast<TokenId>(i + 1)}, i < 27 ? 0 : 1});
+  ClassifySampler epochs(recs, 2, false, 0, 3);
+  std::vector<int> seen(30, 0);
+  for (int b = 0; b < 3; ++b)
+    for (int64_t id : epochs.next(10, 0).ids.to_int_vector()) ++seen[static_cast<size_t>(id - 1)];
+  for (int s : seen) EXPECT_EQ(s, 1);
+  ClassifySampler balanced(recs, 2, true, 0, 3);
+  int minority = 0;
+  for (int b = 0; b < 40; ++b)
+    for (int64_t y : balanced.next(10, 0).targets.to_int_vector()) minority += y == 1;
+  EXPECT_NEAR(minority / 400.0, 0.5, 0.08);
+}
+
+}  // namespace
+}  // namespace corelm::train
