@@ -9,6 +9,7 @@
 
 #include "corelm/error.h"
 #include "corelm/eval_task.h"
+#include "common/cli_runner.h"
 #include "pipeline/pipeline_fixture.h"
 
 namespace corelm::testing {
@@ -437,6 +438,95 @@ TEST_F(EvalTaskTest, EntitiesScoreTheGeneratedTextAndRefuseMalformedGold) {
   write_text(path("nofield.jsonl"), "{\"text\": \"a b\"}\n");
   o.run.inputs = {path("nofield.jsonl")};
   EXPECT_THROW(pipeline::eval_extract(o), ValueError);
+}
+
+}  // namespace
+}  // namespace corelm::testing
+
+// bench/task_data.py (the task table's data prep) on a tiny synthetic copy of each source format,
+// and bench/conll_baseline.py on the converted CoNLL sample.
+namespace corelm::testing {
+namespace {
+
+std::vector<nlohmann::json> jsonl(const fs::path& p) { return parse_lines(slurp(p)); }
+
+TEST(TaskData, ConvertsTinySamplesOfEverySourceFormat) {
+  if (!have_program("python3")) GTEST_SKIP() << "python3 not found";
+  const fs::path root = fs::temp_directory_path() / ("corelm_task_data_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path data = root / "data", out = root / "out";
+  fs::create_directories(data / "classification/ag_news");
+  fs::create_directories(data / "classification/sst2");
+  fs::create_directories(data / "classification/trec");
+  fs::create_directories(data / "extraction/conll2003");
+  write_text((data / "classification/ag_news/classes.txt").string(), "World\nSports\nBusiness\nSci/Tech\n");
+  std::string ag = "label,content\n";
+  for (int i = 0; i < 40; ++i) ag += std::to_string(1 + i / 10) + ",\"row " + std::to_string(i) + " a\\\\line,  two\"\n";
+  write_text((data / "classification/ag_news/train_subset_8k.csv").string(), ag);
+  write_text((data / "classification/ag_news/test_description_only.csv").string(), "label,content\n4,\"chips \\\\ faster\"\n2,game\n");
+  std::string sst = "label\tsentence\n";
+  for (int i = 0; i < 20; ++i) sst += std::to_string(i % 2) + "\tphrase " + std::to_string(i) + " ,\n";
+  write_text((data / "classification/sst2/train.tsv").string(), sst);
+  write_text((data / "classification/sst2/test.tsv").string(), "label\tcontent\n1\tgood \" film\n0\tbad\n");
+  std::string trec;
+  for (int i = 0; i < 30; ++i) trec += std::string(i % 2 ? "HUM:ind" : "NUM:dist") + " Who is " + std::to_string(i) + " ?\n";
+  write_text((data / "classification/trec/train_5500.label").string(), trec);
+  write_text((data / "classification/trec/TREC_10.label").string(), "LOC:city Where is Aspen ?\n\nABBR:exp What is EU ?\n");
+  // Adjacent B- chunks, an I- that starts a chunk (IOB1 style), a chunk at the sentence end.
+  const std::string conll =
+      "EU\tB-ORG\nrejects\tO\nGerman\tB-MISC\nBritish\tB-MISC\nlamb\tO\n\n"
+      "Peter\tI-PER\nBlackburn\tI-PER\nin\tO\nNew\tB-LOC\nYork\tI-LOC\n\n\n";
+  for (const char* f : {"train", "valid", "test"}) write_text((data / "extraction/conll2003" / (std::string(f) + ".tsv")).string(), conll);
+
+  const std::string script = std::string(CORELM_SOURCE_DIR) + "/bench/task_data.py";
+  auto r = run_program("python3", {script, "--data", data.string(), "--out", out.string()}, CliOptions{.timeout_s = 30});
+  ASSERT_EQ(r.rc, 0) << r.all();
+  auto ag_train = jsonl(out / "agnews/train.jsonl"), ag_dev = jsonl(out / "agnews/dev.jsonl");
+  EXPECT_EQ(ag_train.size(), 36u);
+  EXPECT_EQ(ag_dev.size(), 4u);  // 10 % held out, never in train
+  for (const auto& d : ag_dev)
+    for (const auto& t : ag_train) EXPECT_NE(d["text"], t["text"]);
+  EXPECT_NE(ag_train[0]["text"], "row 0 a line, two") << "the class-sorted file is shuffled";
+  const auto ag_test = jsonl(out / "agnews/test.jsonl");
+  ASSERT_EQ(ag_test.size(), 2u);
+  EXPECT_EQ(ag_test[0], (nlohmann::json{{"text", "chips faster"}, {"label", "Sci/Tech"}}));
+  EXPECT_EQ(slurp(out / "agnews/labels.txt"), "World\nSports\nBusiness\nSci/Tech\n");
+  const auto sst_test = jsonl(out / "sst2/test.jsonl");
+  ASSERT_EQ(sst_test.size(), 2u);
+  EXPECT_EQ(sst_test[0], (nlohmann::json{{"text", "good \" film"}, {"label", "positive"}}));
+  EXPECT_EQ(jsonl(out / "sst2/train.jsonl").size() + jsonl(out / "sst2/dev.jsonl").size(), 20u);
+  const auto trec_test = jsonl(out / "trec/test.jsonl");
+  ASSERT_EQ(trec_test.size(), 2u);
+  EXPECT_EQ(trec_test[1], (nlohmann::json{{"text", "What is EU ?"}, {"label", "abbreviation"}}));
+  EXPECT_EQ(jsonl(out / "trec/dev.jsonl").size(), 3u);
+  const auto conll_test = jsonl(out / "conll/test.jsonl");
+  ASSERT_EQ(conll_test.size(), 2u);
+  EXPECT_EQ(conll_test[0]["text"], "EU rejects German British lamb");
+  const auto e0 = pipeline::entities_from_json(conll_test[0]["entities"], "t:1", "entities");
+  const auto e1 = pipeline::entities_from_json(conll_test[1]["entities"], "t:2", "entities");
+  EXPECT_EQ(e0, (std::vector<pipeline::Entity>{{"ORG", "EU"}, {"MISC", "German"}, {"MISC", "British"}}));
+  EXPECT_EQ(e1, (std::vector<pipeline::Entity>{{"PER", "Peter Blackburn"}, {"LOC", "New York"}}));
+
+  // The baseline tags its own training sentences perfectly (every entity is in its gazetteer).
+  r = run_program("python3", {std::string(CORELM_SOURCE_DIR) + "/bench/conll_baseline.py", (out / "conll/train.jsonl").string(),
+                              (out / "conll/test.jsonl").string(), (root / "bl").string()}, CliOptions{.timeout_s = 30});
+  ASSERT_EQ(r.rc, 0) << r.all();
+  const auto bl = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(bl["f1"].get<double>(), 1.0) << r.out;
+  const auto preds = jsonl(root / "bl/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 2u);
+  EXPECT_EQ(pipeline::parse_entities(preds[1]["prediction"].get<std::string>()), e1);
+
+  // A bad tag and a bad TREC line are errors naming the file and line.
+  write_text((data / "extraction/conll2003/test.tsv").string(), "EU\tB-ORG\n\nrejects\tX-ORG\n");
+  r = run_program("python3", {script, "--data", data.string(), "--out", out.string(), "--sets", "conll"}, CliOptions{.timeout_s = 30});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("test.tsv:3: bad IOB tag 'X-ORG'"), std::string::npos) << r.all();
+  write_text((data / "classification/trec/TREC_10.label").string(), "LOC:city Where ?\nnolabel\n");
+  r = run_program("python3", {script, "--data", data.string(), "--out", out.string(), "--sets", "trec"}, CliOptions{.timeout_s = 30});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("TREC_10.label:2: expected 'COARSE:fine question'"), std::string::npos) << r.all();
+  fs::remove_all(root);
 }
 
 }  // namespace
