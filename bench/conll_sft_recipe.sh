@@ -11,7 +11,8 @@
 # newline. Prints one JSON line {"precision", "recall", "f1", "per_type", "input_tok_s",
 # "train_s", "params", "recipe"}. Runs at nice 10 pinned to core 0. Environment: CORELM_BIN,
 # TRAIN_STEPS (3000), SEQ (128), LR (2e-3), BATCH (16), MAX_TOKENS (48), TEST_LIMIT (0 = all 3,453),
-# REUSE_MODEL=1.
+# REUSE_MODEL=1, TIME_BUDGET (600: training stops and checkpoints after that many seconds; the
+# learning-rate schedule is the one of TRAIN_STEPS, so a cut run ends before its decay; steps_done says where).
 set -euo pipefail
 [[ $# == 3 ]] || { echo "usage: $0 TRAIN.jsonl TEST.jsonl WORK" >&2; exit 2; }
 train=$1 test=$2 work=$3
@@ -20,7 +21,7 @@ bin=${CORELM_BIN:-build/release/corelm}
 steps=${TRAIN_STEPS:-3000} seq=${SEQ:-128} lr=${LR:-2e-3} batch=${BATCH:-16} max_tokens=${MAX_TOKENS:-48} limit=${TEST_LIMIT:-0}
 [[ -x $bin ]] || { echo "conll_sft_recipe: $bin missing" >&2; exit 1; }
 for f in "$train" "$test"; do [[ -s $f ]] || { echo "conll_sft_recipe: $f missing or empty" >&2; exit 1; }; done
-pin=(); command -v taskset >/dev/null && pin=(taskset -c 0)
+pin=(); command -v taskset >/dev/null && pin=(taskset -c "${PIN_CORE:-0}")
 mkdir -p "$work"
 
 python3 - "$train" "$test" "$work" "$limit" <<'PY'
@@ -47,7 +48,7 @@ if [[ ${REUSE_MODEL:-0} == 1 && -f $work/model/model.safetensors ]]; then :; els
   rm -rf "$work/model"
   nice -n 10 "${pin[@]}" "$bin" train --config "$work/config.json" --sft "$work/sft.jsonl" --out "$work/model" \
     --steps "$steps" --batch "$batch" --seq "$seq" --lr "$lr" --warmup 30 --threads 1 --seed 1 --val-fraction 0.02 \
-    --eval-every "$steps" --sample-tokens 0 --no-progress > "$work/train.json"
+    --eval-every "$steps" --sample-tokens 0 --time-budget "${TIME_BUDGET:-600}" --no-progress > "$work/train.json"
 fi
 t1=$(date +%s.%N)
 nice -n 10 "${pin[@]}" "$bin" eval-task --model "$work/model" --data "$work/test.jsonl" --task extract --entities \
@@ -55,18 +56,28 @@ nice -n 10 "${pin[@]}" "$bin" eval-task --model "$work/model" --data "$work/test
   --json > "$work/eval.json"
 
 python3 - "$work" "$t0" "$t1" "$steps" "$seq" "$lr" "$batch" "$max_tokens" <<'PY'
-import json, sys
+import json, os, sys
 work, t0, t1, steps, seq, lr, batch, max_tokens = sys.argv[1:]
 ev = json.load(open(f"{work}/eval.json"))
+tr = json.load(open(f"{work}/train.json")) if os.path.getsize(f"{work}/train.json") else {}
 cfg = json.load(open(f"{work}/model/config.json"))
-h, i, L, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-hd, nh, nkv = cfg.get("head_dim", h // cfg["num_attention_heads"]), cfg["num_attention_heads"], cfg["num_key_value_heads"]
-params = v * h + L * (h * hd * (2 * nh + 2 * nkv) + 3 * h * i + 2 * h) + h
+h, L, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+# Parameters: the element counts of the saved tensors (safetensors: u64 header length, JSON header).
+with open(f"{work}/model/model.safetensors", "rb") as f:
+    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+params = 0
+for name, t in header.items():
+    if name != "__metadata__":
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        params += n
 print(json.dumps({"precision": ev["precision"], "recall": ev["recall"], "f1": ev["f1"], "per_type": ev["per_type"],
                   "records": ev["records"], "gold_entities": ev["gold_entities"],
                   "malformed_entries": ev["malformed_entries"], "error_records": ev["error_records"],
                   "input_tok_s": ev["tokens_per_s"], "params": params, "train_s": round(float(t1) - float(t0), 1),
-                  "recipe": {"name": "entity-list SFT", "layers": L, "hidden": h, "steps": int(steps), "seq": int(seq),
+                  "recipe": {"name": "entity-list SFT", "layers": L, "hidden": h, "steps": int(steps), "steps_done": tr.get("steps"),
+                             "time_budget_s": float(os.environ.get("TIME_BUDGET", "600")), "seq": int(seq),
                              "lr": float(lr), "batch": int(batch), "max_tokens": int(max_tokens),
                              "template": "{text}\\nEntities:"}}))
 PY

@@ -20,7 +20,7 @@
 #   TEST_LIMIT  score only the first N test rows (0 = all; the table says so)
 #   RECIPE      the head recipe script (bench/classify_recipe.sh)
 #   SFT_TRAIN_STEPS, CONLL_TRAIN_STEPS  training steps of the two SFT recipes (1500, 3000)
-#   CORELM_BIN  (build/release/corelm)
+#   CORELM_BIN  (build/release/corelm); PIN_CORE the core every step is pinned to (0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${WORK:-build/task_table}
@@ -63,7 +63,7 @@ for s in agnews sst2 trec; do
   labels=$(paste -sd, "$d/labels.txt")
   mkdir -p "$work/$s"
   ft_limit=(); [[ $limit != 0 ]] && ft_limit=(--test-limit "$limit")
-  has "$steps" fasttext && step "$work/$s/fasttext.json" nice -n 10 taskset -c 0 python3 bench/fasttext_peer.py \
+  has "$steps" fasttext && step "$work/$s/fasttext.json" nice -n 10 taskset -c "${PIN_CORE:-0}" python3 bench/fasttext_peer.py \
     "$d/train.jsonl" "$d/dev.jsonl" "$d/test.jsonl" "$labels" "$work/$s/fasttext" "${ft_limit[@]}"
   has "$steps" sft && step "$work/$s/sft.json" env TRAIN_STEPS="${SFT_TRAIN_STEPS:-1500}" bench/classify_sft_recipe.sh \
     "$d/train.jsonl" "$d/dev.jsonl" "$d/test.jsonl" "$labels" "$work/$s/sft"
@@ -95,7 +95,8 @@ def load(path):
             return json.loads(f.read().strip() or "null")
     except (OSError, json.JSONDecodeError):
         return None
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
+info = {k.strip(): v.strip() for k, v in (l.split(":", 1) for l in open("/proc/cpuinfo") if ":" in l)}
+cpu = "%s (family %s, model %s)" % (info.get("model name", "unknown"), info.get("cpu family", "?"), info.get("model", "?"))
 meta = {"machine": cpu, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "load": open("/proc/loadavg").read().split()[:3], "test_limit": limit,
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
