@@ -16,7 +16,8 @@
 #   DATA        the shared data folder (../shared/data)
 #   SETS        comma-separated subset of agnews,sst2,trec,conll (all)
 #   STEPS       comma-separated subset of data,fasttext,sft,head,conll_baseline,conll_sft (all);
-#               a step not run keeps its earlier result file, which the table still shows
+#               a step not run keeps its earlier result file, which the table still shows;
+#               STEPS=none only rewrites the table from the result files
 #   TEST_LIMIT  score only the first N test rows (0 = all; the table says so)
 #   RECIPE      the head recipe script (bench/classify_recipe.sh)
 #   SFT_TRAIN_STEPS, CONLL_TRAIN_STEPS  training steps of the two SFT recipes (1500, 3000)
@@ -105,7 +106,7 @@ out = {"meta": meta, "sets": {}}
 fmt = lambda x, p=3: "–" if x is None else f"{x:.{p}f}"
 lines = [f"Machine: {cpu}; {meta['date']}; load {' '.join(meta['load'])}; commit {meta['commit']}" +
          (f"; TEST_LIMIT={limit} (first {limit} test rows only)" if limit else ""), "",
-         "| set | fastText acc (lr, epoch) | corelm recipe | accuracy | macro-F1 | ECE before → after | input tok/s | params | train s | Δ acc vs fastText |",
+         "| set | fastText acc (lr, epoch) | system | accuracy | macro-F1 | ECE before → after | input tok/s | params | train s | Δ acc vs fastText |",
          "|---|---|---|---|---|---|---|---|---|---|"]
 for s in ("agnews", "sst2", "trec"):
     ft = load(f"{work}/{s}/fasttext.json")
@@ -114,7 +115,9 @@ for s in ("agnews", "sst2", "trec"):
         continue
     out["sets"][s] = {"fasttext": ft, **rows}
     ft_cell = "–" if ft is None else f"{ft['accuracy']:.3f} ({ft['lr']}, {ft['epoch']})"
-    shown = False
+    if ft is not None:
+        lines.append(f"| {names[s]} | {ft_cell} | (fastText itself) | {ft['accuracy']:.3f} | {ft['macro_f1']:.3f} | "
+                     f"– → {fmt(ft.get('ece'))} | {ft['test_tok_s']:,} words | – | {ft['train_s']} | – |")
     for r, label in (("sft", "label-likelihood SFT"), ("head", "classification head")):
         j = rows[r]
         if j is None:
@@ -123,9 +126,6 @@ for s in ("agnews", "sst2", "trec"):
         ece = f"{fmt(j.get('ece_before'))} → {fmt(j.get('ece'))}"
         lines.append(f"| {names[s]} | {ft_cell} | {label} | {j['accuracy']:.3f} | {j['macro_f1']:.3f} | {ece} | "
                      f"{j['input_tok_s']:,.0f} | {j['params']:,} | {j['train_s']} | {delta} |")
-        shown = True
-    if not shown:
-        lines.append(f"| {names[s]} | {ft_cell} | – | – | – | – | – | – | – | – |")
 bl, sft = load(f"{work}/conll/baseline.json"), load(f"{work}/conll/sft.json")
 if bl or sft:
     out["sets"]["conll"] = {"baseline": bl, "sft": sft}
