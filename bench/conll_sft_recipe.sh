@@ -51,6 +51,7 @@ if [[ ${REUSE_MODEL:-0} == 1 && -f $work/model/model.safetensors ]]; then :; els
     --eval-every "$steps" --sample-tokens 0 --time-budget "${TIME_BUDGET:-600}" --no-progress > "$work/train.json"
 fi
 t1=$(date +%s.%N)
+rm -rf "$work/run"
 nice -n 10 "${pin[@]}" "$bin" eval-task --model "$work/model" --data "$work/test.jsonl" --task extract --entities \
   --template '{text}\nEntities:' --stop '\n' --max-tokens "$max_tokens" --threads 1 --batch 16 --out "$work/run" \
   --json > "$work/eval.json"
