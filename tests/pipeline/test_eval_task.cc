@@ -9,6 +9,7 @@
 
 #include "corelm/error.h"
 #include "corelm/eval_task.h"
+#include "common/cli_runner.h"
 #include "pipeline/pipeline_fixture.h"
 
 namespace corelm::testing {
@@ -215,6 +216,317 @@ TEST_F(EvalTaskTest, ExtractScoresTheGeneratedAnswersAndRefusesBadReferences) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("badref.jsonl:2: reference field 'label'"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace corelm::testing
+
+// Entity spans (`eval-task --task extract --entities`): the metrics against conlleval-style chunks
+// read from IOB2 tags by tests/pipeline/entity_metrics_oracle.py, the lenient parse of generated
+// text, and malformed gold named by FILE:LINE.
+namespace corelm::testing {
+namespace {
+
+struct Span {
+  int start, end;  // token range, end exclusive
+  std::string type;
+};
+
+TEST(EntityMetrics, MatchConllevalChunksFromIobTags) {
+  if (!fs::exists(CORELM_TEST_PYTHON)) GTEST_SKIP() << "no oracle python at " << CORELM_TEST_PYTHON << " (make test sets it up)";
+  std::mt19937 rng(14);
+  const std::vector<std::string> types = {"PER", "LOC", "ORG", "MISC"};
+  const std::vector<std::string> stems = {"Peter", "BRUSSELS", "eu", "Blackburn", "New", "York", "of", "Reuters", "x"};
+  auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<std::vector<pipeline::Entity>> golds, preds;
+  int64_t garbage = 0;
+  for (int s = 0; s < 300; ++s) {
+    const int n = pick(16);
+    // Tokens unique within the sentence, so that comparing (type, text) pairs is comparing spans.
+    std::vector<std::string> tokens;
+    for (int i = 0; i < n; ++i) tokens.push_back(stems[pick(stems.size())] + std::to_string(i));
+    auto text_of = [&](const Span& sp) {
+      std::string t;
+      for (int i = sp.start; i < sp.end; ++i) t += (i > sp.start ? (pick(4) ? " " : "  \t") : "") + tokens[i];
+      return t;
+    };
+    std::vector<Span> gold;
+    for (int i = 0; i < n;) {
+      if (pick(3) == 0) {
+        const int len = 1 + pick(3), end = std::min(n, i + len);
+        gold.push_back({i, end, types[pick(4)]});
+        i = end;
+      } else {
+        ++i;
+      }
+    }
+    // Predictions: kept, retyped, resized or dropped gold spans plus spurious ones, laid
+    // without overlap (a span clashing with an earlier one is left out).
+    std::vector<Span> wanted;
+    for (const Span& g : gold) {
+      const int r = pick(10);
+      if (r < 5) wanted.push_back(g);
+      else if (r == 5) wanted.push_back({g.start, g.end, types[pick(4)]});
+      else if (r == 6) wanted.push_back({g.start, std::min(n, g.end + 1), g.type});
+      else if (r == 7 && g.end - g.start > 1) wanted.push_back({g.start + 1, g.end, g.type});
+    }
+    if (n > 0 && pick(3) == 0) {
+      const int st = pick(n);
+      wanted.push_back({st, std::min(n, st + 1 + pick(2)), types[pick(4)]});
+    }
+    std::vector<int> taken(n, 0);
+    std::vector<Span> pred;
+    for (const Span& w : wanted) {
+      bool free = true;
+      for (int i = w.start; i < w.end; ++i) free = free && !taken[i];
+      if (!free) continue;
+      for (int i = w.start; i < w.end; ++i) taken[i] = 1;
+      pred.push_back(w);
+    }
+    auto tags = [&](const std::vector<Span>& spans) {
+      std::vector<std::string> t(n, "O");
+      for (const Span& sp : spans)
+        for (int i = sp.start; i < sp.end; ++i) t[i] = (i == sp.start ? "B-" : "I-") + sp.type;
+      return t;
+    };
+    cases.push_back({{"tokens", tokens}, {"gold", tags(gold)}, {"pred", tags(pred)}});
+    // Gold as JSON, objects and "TYPE: text" strings mixed.
+    nlohmann::json gj = nlohmann::json::array();
+    for (const Span& g : gold) {
+      if (pick(2)) gj.push_back({{"type", g.type}, {"text", text_of(g)}});
+      else gj.push_back(g.type + ": " + text_of(g));
+    }
+    golds.push_back(pipeline::entities_from_json(gj, "case:" + std::to_string(s), "entities"));
+    // The generated text, formatted loosely: type case, separators, spaces, "none", junk entries.
+    std::string out;
+    const std::vector<std::string> seps = {"; ", ";", "\n", " ;  "};
+    for (size_t k = 0; k < pred.size(); ++k) {
+      std::string type = pred[k].type;
+      if (pick(3) == 0) type[1] = static_cast<char>(std::tolower(type[1]));
+      if (pick(4) == 0) type = " " + type + " ";
+      if (k) out += seps[pick(seps.size())];
+      out += type + (pick(2) ? ": " : ":") + text_of(pred[k]);
+      if (pick(8) == 0) {
+        out += "; garbage";
+        ++garbage;
+      }
+    }
+    if (pred.empty()) out = std::vector<std::string>{"none", "None", "", " NONE "}[pick(4)];
+    int64_t bad = 0;
+    preds.push_back(pipeline::parse_entities(out, &bad));
+    ASSERT_EQ(preds.back().size(), pred.size()) << out;
+    garbage -= bad;
+  }
+  EXPECT_EQ(garbage, 0) << "every junk entry, and only those, is counted as malformed";
+  const auto m = pipeline::entity_metrics(preds, golds);
+  const fs::path dir = fs::temp_directory_path() / ("corelm_entity_metrics_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string in = (dir / "cases.json").string();
+  std::ofstream(in) << nlohmann::json{{"cases", cases}}.dump();
+  const std::string out = python_json("entity_metrics_oracle.py", in);
+  fs::remove_all(dir);
+  ASSERT_FALSE(out.empty()) << "oracle failed";
+  const auto want = nlohmann::json::parse(out);
+  EXPECT_NEAR(m.micro.precision, want["precision"].get<double>(), 1e-12);
+  EXPECT_NEAR(m.micro.recall, want["recall"].get<double>(), 1e-12);
+  EXPECT_NEAR(m.micro.f1, want["f1"].get<double>(), 1e-12);
+  EXPECT_EQ(m.micro.gold, want["gold"].get<int64_t>());
+  EXPECT_EQ(m.micro.predicted, want["predicted"].get<int64_t>());
+  EXPECT_EQ(m.micro.correct, want["correct"].get<int64_t>());
+  EXPECT_NEAR(m.exact_match, want["exact_match"].get<double>(), 1e-12);
+  ASSERT_EQ(m.per_type.size(), want["per_type"].size());
+  for (const auto& [type, c] : m.per_type) {
+    const auto& w = want["per_type"][type];
+    EXPECT_NEAR(c.precision, w["precision"].get<double>(), 1e-12) << type;
+    EXPECT_NEAR(c.recall, w["recall"].get<double>(), 1e-12) << type;
+    EXPECT_NEAR(c.f1, w["f1"].get<double>(), 1e-12) << type;
+    EXPECT_EQ(c.correct, w["correct"].get<int64_t>()) << type;
+  }
+  EXPECT_GT(m.micro.correct, 0);
+  EXPECT_LT(m.micro.correct, m.micro.gold) << "the cases should include misses";
+}
+
+TEST(EntityMetrics, MultisetsAndEdgeCases) {
+  using E = pipeline::Entity;
+  // A pair predicted twice but present once counts once; the type is upper-cased, text spaces collapsed.
+  auto m = pipeline::entity_metrics({pipeline::parse_entities("per: Peter  Blackburn; PER: Peter Blackburn")},
+                                    {{E{"PER", "Peter Blackburn"}}});
+  EXPECT_EQ(m.micro.correct, 1);
+  EXPECT_EQ(m.micro.predicted, 2);
+  EXPECT_DOUBLE_EQ(m.micro.precision, 0.5);
+  EXPECT_DOUBLE_EQ(m.micro.recall, 1.0);
+  EXPECT_DOUBLE_EQ(m.exact_match, 0.0);
+  // Text case is kept: "brussels" is not "BRUSSELS".
+  m = pipeline::entity_metrics({pipeline::parse_entities("LOC: brussels")}, {{E{"LOC", "BRUSSELS"}}});
+  EXPECT_EQ(m.micro.correct, 0);
+  // No gold and nothing predicted: an exact match, precision/recall/F1 0 (undefined).
+  m = pipeline::entity_metrics({pipeline::parse_entities("none")}, {{}});
+  EXPECT_DOUBLE_EQ(m.exact_match, 1.0);
+  EXPECT_DOUBLE_EQ(m.micro.f1, 0.0);
+  int64_t bad = 0;
+  EXPECT_TRUE(pipeline::parse_entities(": x; PER:; LOC", &bad).empty());
+  EXPECT_EQ(bad, 3);
+  // The text is split at the first ':' only.
+  const auto e = pipeline::parse_entities("MISC: Re: Trade");
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].text, "Re: Trade");
+  EXPECT_THROW(pipeline::entity_metrics({{}}, {}), ValueError);
+}
+
+TEST_F(EvalTaskTest, EntitiesScoreTheGeneratedTextAndRefuseMalformedGold) {
+  std::mt19937 rng(8);
+  std::string data;
+  for (int i = 0; i < 10; ++i) {
+    nlohmann::json ents = nlohmann::json::array();
+    if (i % 3) ents.push_back({{"type", "PER"}, {"text", "sat"}});
+    if (i % 2) ents.push_back("LOC: the mat");
+    data += nlohmann::json{{"text", words(rng, 5)}, {"entities", ents}}.dump() + "\n";
+  }
+  write_text(path("ents.jsonl"), data);
+  pipeline::EvalTaskOptions o;
+  o.run = classify_options(path("ents.jsonl"), path("kept"));
+  o.run.task.kind = pipeline::TaskKind::Extract;
+  o.run.task.labels.clear();
+  o.run.task.max_tokens = 4;
+  o.label_field = "entities";
+  o.extract_metric = pipeline::ExtractMetric::Entities;
+  const auto r = pipeline::eval_extract(o);
+  EXPECT_EQ(r.entities.n, 10);
+  EXPECT_EQ(r.entities.micro.gold, 6 + 5);
+  // The metrics are those of the run's own generated texts against the gold lists.
+  std::vector<std::vector<pipeline::Entity>> preds, golds;
+  int64_t bad = 0;
+  for (const auto& j : parse_lines(read_parts(path("kept")))) {
+    const std::string id = j["id"].get<std::string>();
+    const int line = std::stoi(id.substr(id.rfind(':') + 1));
+    preds.push_back(pipeline::parse_entities(j["text"].get<std::string>(), &bad));
+    std::vector<pipeline::Entity> g;
+    if ((line - 1) % 3) g.push_back({"PER", "sat"});
+    if ((line - 1) % 2) g.push_back({"LOC", "the mat"});
+    golds.push_back(g);
+  }
+  const auto want = pipeline::entity_metrics(preds, golds, bad);
+  EXPECT_EQ(r.entities.micro.predicted, want.micro.predicted);
+  EXPECT_EQ(r.entities.micro.correct, want.micro.correct);
+  EXPECT_EQ(r.entities.malformed, want.malformed);
+  EXPECT_DOUBLE_EQ(r.entities.exact_match, want.exact_match);
+
+  const std::vector<std::pair<std::string, std::string>> bad_gold = {
+      {"\"PER: Peter\"", "must be a list"},
+      {"[{\"type\": \"PER\"}]", "element 0: an object needs string fields"},
+      {"[\"PER: a\", \"Peter\"]", "element 1: 'Peter' is not \"TYPE: text\""},
+      {"[\" : x\"]", "element 0: ' : x' is not"},
+      {"[{\"type\": \"PER\", \"text\": \"  \"}]", "element 0: empty type or text"},
+      {"[7]", "element 0: must be an object or a string"},
+  };
+  o.run.out = "";
+  for (size_t k = 0; k < bad_gold.size(); ++k) {
+    const std::string file = path("bad" + std::to_string(k) + ".jsonl");
+    write_text(file, "{\"text\": \"a b\", \"entities\": []}\n\n{\"text\": \"c\", \"entities\": " + bad_gold[k].first + "}\n");
+    o.run.inputs = {file};
+    try {
+      pipeline::eval_extract(o);
+      ADD_FAILURE() << "malformed gold passed: " << bad_gold[k].first;
+    } catch (const ValueError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("bad" + std::to_string(k) + ".jsonl:3: entity field 'entities'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(bad_gold[k].second), std::string::npos) << msg;
+    }
+  }
+  // A record without the field at all.
+  write_text(path("nofield.jsonl"), "{\"text\": \"a b\"}\n");
+  o.run.inputs = {path("nofield.jsonl")};
+  EXPECT_THROW(pipeline::eval_extract(o), ValueError);
+}
+
+}  // namespace
+}  // namespace corelm::testing
+
+// bench/task_data.py (the task table's data prep) on a tiny synthetic copy of each source format,
+// and bench/conll_baseline.py on the converted CoNLL sample.
+namespace corelm::testing {
+namespace {
+
+std::vector<nlohmann::json> jsonl(const fs::path& p) { return parse_lines(slurp(p)); }
+
+TEST(TaskData, ConvertsTinySamplesOfEverySourceFormat) {
+  if (!have_program("python3")) GTEST_SKIP() << "python3 not found";
+  const fs::path root = fs::temp_directory_path() / ("corelm_task_data_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path data = root / "data", out = root / "out";
+  fs::create_directories(data / "classification/ag_news");
+  fs::create_directories(data / "classification/sst2");
+  fs::create_directories(data / "classification/trec");
+  fs::create_directories(data / "extraction/conll2003");
+  write_text((data / "classification/ag_news/classes.txt").string(), "World\nSports\nBusiness\nSci/Tech\n");
+  std::string ag = "label,content\n";
+  for (int i = 0; i < 40; ++i) ag += std::to_string(1 + i / 10) + ",\"row " + std::to_string(i) + " a\\\\line,  two\"\n";
+  write_text((data / "classification/ag_news/train_subset_8k.csv").string(), ag);
+  write_text((data / "classification/ag_news/test_description_only.csv").string(), "label,content\n4,\"chips \\\\ faster\"\n2,game\n");
+  std::string sst = "label\tsentence\n";
+  for (int i = 0; i < 20; ++i) sst += std::to_string(i % 2) + "\tphrase " + std::to_string(i) + " ,\n";
+  write_text((data / "classification/sst2/train.tsv").string(), sst);
+  write_text((data / "classification/sst2/test.tsv").string(), "label\tcontent\n1\tgood \" film\n0\tbad\n");
+  std::string trec;
+  for (int i = 0; i < 30; ++i) trec += std::string(i % 2 ? "HUM:ind" : "NUM:dist") + " Who is " + std::to_string(i) + " ?\n";
+  write_text((data / "classification/trec/train_5500.label").string(), trec);
+  write_text((data / "classification/trec/TREC_10.label").string(), "LOC:city Where is Aspen ?\n\nABBR:exp What is EU ?\n");
+  // Adjacent B- chunks, an I- that starts a chunk (IOB1 style), a chunk at the sentence end.
+  const std::string conll =
+      "EU\tB-ORG\nrejects\tO\nGerman\tB-MISC\nBritish\tB-MISC\nlamb\tO\n\n"
+      "Peter\tI-PER\nBlackburn\tI-PER\nin\tO\nNew\tB-LOC\nYork\tI-LOC\n\n\n";
+  for (const char* f : {"train", "valid", "test"}) write_text((data / "extraction/conll2003" / (std::string(f) + ".tsv")).string(), conll);
+
+  const std::string script = std::string(CORELM_SOURCE_DIR) + "/bench/task_data.py";
+  auto r = run_program("python3", {script, "--data", data.string(), "--out", out.string()}, CliOptions{.timeout_s = 30});
+  ASSERT_EQ(r.rc, 0) << r.all();
+  auto ag_train = jsonl(out / "agnews/train.jsonl"), ag_dev = jsonl(out / "agnews/dev.jsonl");
+  EXPECT_EQ(ag_train.size(), 36u);
+  EXPECT_EQ(ag_dev.size(), 4u);  // 10 % held out, never in train
+  for (const auto& d : ag_dev)
+    for (const auto& t : ag_train) EXPECT_NE(d["text"], t["text"]);
+  EXPECT_NE(ag_train[0]["text"], "row 0 a line, two") << "the class-sorted file is shuffled";
+  const auto ag_test = jsonl(out / "agnews/test.jsonl");
+  ASSERT_EQ(ag_test.size(), 2u);
+  EXPECT_EQ(ag_test[0], (nlohmann::json{{"text", "chips faster"}, {"label", "Sci/Tech"}}));
+  EXPECT_EQ(slurp(out / "agnews/labels.txt"), "World\nSports\nBusiness\nSci/Tech\n");
+  const auto sst_test = jsonl(out / "sst2/test.jsonl");
+  ASSERT_EQ(sst_test.size(), 2u);
+  EXPECT_EQ(sst_test[0], (nlohmann::json{{"text", "good \" film"}, {"label", "positive"}}));
+  EXPECT_EQ(jsonl(out / "sst2/train.jsonl").size() + jsonl(out / "sst2/dev.jsonl").size(), 20u);
+  const auto trec_test = jsonl(out / "trec/test.jsonl");
+  ASSERT_EQ(trec_test.size(), 2u);
+  EXPECT_EQ(trec_test[1], (nlohmann::json{{"text", "What is EU ?"}, {"label", "abbreviation"}}));
+  EXPECT_EQ(jsonl(out / "trec/dev.jsonl").size(), 3u);
+  const auto conll_test = jsonl(out / "conll/test.jsonl");
+  ASSERT_EQ(conll_test.size(), 2u);
+  EXPECT_EQ(conll_test[0]["text"], "EU rejects German British lamb");
+  const auto e0 = pipeline::entities_from_json(conll_test[0]["entities"], "t:1", "entities");
+  const auto e1 = pipeline::entities_from_json(conll_test[1]["entities"], "t:2", "entities");
+  EXPECT_EQ(e0, (std::vector<pipeline::Entity>{{"ORG", "EU"}, {"MISC", "German"}, {"MISC", "British"}}));
+  EXPECT_EQ(e1, (std::vector<pipeline::Entity>{{"PER", "Peter Blackburn"}, {"LOC", "New York"}}));
+
+  // The baseline tags its own training sentences perfectly (every entity is in its gazetteer).
+  r = run_program("python3", {std::string(CORELM_SOURCE_DIR) + "/bench/conll_baseline.py", (out / "conll/train.jsonl").string(),
+                              (out / "conll/test.jsonl").string(), (root / "bl").string()}, CliOptions{.timeout_s = 30});
+  ASSERT_EQ(r.rc, 0) << r.all();
+  const auto bl = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(bl["f1"].get<double>(), 1.0) << r.out;
+  const auto preds = jsonl(root / "bl/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 2u);
+  EXPECT_EQ(pipeline::parse_entities(preds[1]["prediction"].get<std::string>()), e1);
+
+  // A bad tag and a bad TREC line are errors naming the file and line.
+  write_text((data / "extraction/conll2003/test.tsv").string(), "EU\tB-ORG\n\nrejects\tX-ORG\n");
+  r = run_program("python3", {script, "--data", data.string(), "--out", out.string(), "--sets", "conll"}, CliOptions{.timeout_s = 30});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("test.tsv:3: bad IOB tag 'X-ORG'"), std::string::npos) << r.all();
+  write_text((data / "classification/trec/TREC_10.label").string(), "LOC:city Where ?\nnolabel\n");
+  r = run_program("python3", {script, "--data", data.string(), "--out", out.string(), "--sets", "trec"}, CliOptions{.timeout_s = 30});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("TREC_10.label:2: expected 'COARSE:fine question'"), std::string::npos) << r.all();
+  fs::remove_all(root);
 }
 
 }  // namespace
