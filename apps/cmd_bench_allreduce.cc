@@ -44,9 +44,8 @@ double time_op(const dist::World& world, double seconds, Op op) {
   t0 = Clock::now();
   for (int64_t r = 0; r < reps; ++r) op();
   double per = std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(reps);
-  std::vector<double> all = world.gather({per});
-  per = *std::max_element(all.begin(), all.end());  // meaningful at rank 0, which prints
-  return per;
+  const std::vector<double> all = world.gather({per});  // empty except at rank 0, which prints
+  return all.empty() ? per : *std::max_element(all.begin(), all.end());
 }
 
 void run(const AllreduceBenchArgs& a) {
