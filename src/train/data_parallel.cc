@@ -1,6 +1,7 @@
 #include "train/data_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,7 +89,7 @@ DataParallel::DataParallel(const dist::World* world, std::vector<Tensor> params,
       offset_of_[buckets_[b].params[j]] = buckets_[b].offsets[j];
     }
   for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].id()] = i;
-  for (const GradientBucket& b : buckets_) buffers_.emplace_back(static_cast<size_t>(b.numel));
+  for (const GradientBucket& b : buckets_) buffers_.push_back(Tensor::zeros({b.numel}));
   staged_count_.assign(buckets_.size(), 0);
   staged_.assign(params_.size(), 0);
   inflight_.resize(buckets_.size());
@@ -144,7 +145,7 @@ void DataParallel::on_leaf_grad(const Tensor& leaf) {
 
 void DataParallel::stage(size_t param) {
   const size_t b = bucket_of_[param];
-  float* dst = buffers_[b].data() + offset_of_[param];
+  float* dst = buffers_[b].data<float>() + offset_of_[param];
   const Tensor g = params_[param].grad();
   const size_t n = static_cast<size_t>(params_[param].numel());
   if (g.defined()) {
@@ -165,11 +166,12 @@ void DataParallel::launch_ready() {
 }
 
 void DataParallel::launch(size_t b) {
-  inflight_[b] = world_->iallreduce_sum(buffers_[b].data(), buffers_[b].size());
+  inflight_[b] = world_->iallreduce_sum(buffers_[b].data<float>(), static_cast<size_t>(buffers_[b].numel()));
 }
 
 void DataParallel::reduce_gradients() {
   if (!enabled()) return;
+  const auto t0 = std::chrono::steady_clock::now();
   for (size_t b = next_launch_; b < buckets_.size(); ++b) {
     for (size_t p : buckets_[b].params)
       if (!staged_[p]) stage(p);
@@ -178,20 +180,17 @@ void DataParallel::reduce_gradients() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     inflight_[b].wait();
     const GradientBucket& bucket = buckets_[b];
+    // The sums become the gradients in place (no copy back): views into the bucket, which the
+    // next step refills only after the optimizer has dropped them (zero_grad).
     for (size_t j = 0; j < bucket.params.size(); ++j) {
       Tensor& p = params_[bucket.params[j]];
-      const float* src = buffers_[b].data() + bucket.offsets[j];
-      Tensor g = p.grad();
-      if (!g.defined() || !g.is_contiguous() || g.dtype() != DType::F32) {
-        g = Tensor::empty(p.shape());
-        p.set_grad(g);
-      }
-      std::memcpy(g.data<float>(), src, static_cast<size_t>(p.numel()) * sizeof(float));
+      p.set_grad(Tensor::from_storage(buffers_[b].storage(), p.shape(), DType::F32, bucket.offsets[j]));
     }
   }
   std::fill(staged_.begin(), staged_.end(), 0);
   std::fill(staged_count_.begin(), staged_count_.end(), 0);
   next_launch_ = 0;
+  last_reduce_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double DataParallel::sum(double value) const {

@@ -84,6 +84,9 @@ class DataParallel {
   // Sums every parameter's gradient over the ranks: starts the buckets backward did not, waits for
   // all, writes the sums into .grad() (a parameter without a gradient contributes zeros).
   void reduce_gradients();
+  // Seconds the last reduce_gradients() took: the communication backward did not hide, plus the
+  // copies out of the buckets (the profile of a step: docs/SCALE-OUT.md).
+  double last_reduce_seconds() const { return last_reduce_s_; }
 
   double sum(double value) const;
   // The largest of the ranks' values (stop decisions every rank must share).
@@ -106,11 +109,12 @@ class DataParallel {
   std::vector<size_t> bucket_of_;
   std::vector<int64_t> offset_of_;
   std::unordered_map<const void*, size_t> index_;
-  std::vector<std::vector<float>> buffers_;
+  std::vector<Tensor> buffers_;  // one f32 vector per bucket; the summed .grad()s are views into them
   std::vector<size_t> staged_count_;
   std::vector<char> staged_;
   std::vector<dist::PendingReduce> inflight_;
   size_t next_launch_ = 0;
+  double last_reduce_s_ = 0;
   bool overlap_ = true;
   int64_t checksum_every_ = 0;
   int perturb_rank_ = -1;

@@ -490,6 +490,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     rec["grad_norm"] = grad_norm;
     rec["tokens_per_s"] = tok_s;
     rec["tokens_seen"] = tokens_seen;
+    if (dp.enabled()) rec["allreduce_s"] = dp.last_reduce_seconds();
     rec["elapsed_s"] = seconds_since(start);
     const bool budget_over = dp.max(opt.time_budget_s > 0 && seconds_since(start) >= opt.time_budget_s) != 0;
     const bool final_step = step == last_step || budget_over;
