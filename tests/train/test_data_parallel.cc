@@ -345,6 +345,30 @@ TEST_F(DataParallelMpi, OutOfRangeOptionsAreErrorsNamingThem) {
   EXPECT_FALSE(fs::exists(out("badchecksum") + "/train_log.jsonl")) << "nothing written for a bad option";
 }
 
+TEST_F(DataParallelMpi, BenchAllreducePrintsLatencyAndBandwidthBySize) {
+  CliOptions o;
+  o.timeout_s = 60;
+  o.env = mpi_env();
+  const CliResult r = run_program(
+      "mpirun", {"-np", "2", "--oversubscribe", corelm::testing::corelm_path(), "bench", "allreduce", "--json",
+                 "--seconds", "0.005", "--min-kib", "4", "--max-mib", "1"},
+      o);
+  ASSERT_EQ(r.rc, 0) << r.all();
+  const nlohmann::json j = summary(r);
+  EXPECT_EQ(j["ranks"], 2);
+  ASSERT_EQ(j["points"].size(), 9u) << "4 KiB .. 1 MiB by powers of two";
+  for (const auto& p : j["points"]) {
+    EXPECT_GT(p["latency_us"].get<double>(), 0);
+    EXPECT_GT(p["iallreduce_us"].get<double>(), 0);
+    EXPECT_GT(p["algbw_gb_s"].get<double>(), 0);
+  }
+  EXPECT_GE(j["suggested_bucket_bytes"].get<int64_t>(), 4096);
+  // One process has nothing to measure: a clear error, not a meaningless table.
+  const CliResult alone = run_ranks(0, {"bench", "allreduce"});
+  EXPECT_EQ(alone.rc, 1);
+  EXPECT_NE(alone.err.find("needs at least 2 MPI ranks"), std::string::npos) << alone.err;
+}
+
 // The ranks' process ids: mpirun's children, each with OMPI_COMM_WORLD_RANK in its environment.
 std::map<int, pid_t> rank_pids(pid_t mpirun) {
   std::map<int, pid_t> out;
@@ -410,6 +434,47 @@ TEST_F(DataParallelMpi, AKilledRankEndsTheJobWithinSeconds) {
          std::chrono::steady_clock::now() < grace)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_TRUE(!fs::exists(rank0) || slurp(rank0 + "/stat").find(") Z") != std::string::npos) << "rank 0 still runs";
+}
+
+// SIGTERM to mpirun reaches every rank; the ranks agree on the step to stop after, rank 0
+// checkpoints it, and --resume continues from there.
+TEST_F(DataParallelMpi, SigtermToMpirunCheckpointsTheSameStepOnEveryRank) {
+  const std::string log = out("sigterm.log");
+  const pid_t mpirun = corelm::testing::spawn_corelm(
+      mpirun_args(2, args("sigterm", 1000000, 2, {"--save-every", "1000000", "--eval-every", "1000000"})), log, -1,
+      mpi_env(), "mpirun");
+  ASSERT_GT(mpirun, 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int lines = 0;
+  while (std::chrono::steady_clock::now() < until && lines < 3) {
+    std::ifstream in(out("sigterm") + "/train_log.jsonl");
+    lines = 0;
+    for (std::string l; std::getline(in, l);) ++lines;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(lines, 3) << slurp(log);
+  ASSERT_EQ(::kill(mpirun, SIGTERM), 0);
+  int status = 0;
+  pid_t done = 0;
+  const auto killed_at = std::chrono::steady_clock::now();
+  while ((done = ::waitpid(mpirun, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - killed_at < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (done == 0) {
+    for (const auto& [r, pid] : rank_pids(mpirun)) ::kill(pid, SIGKILL);
+    ::kill(mpirun, SIGKILL);
+    ::waitpid(mpirun, &status, 0);
+    FAIL() << "the job still ran 30 s after SIGTERM: " << slurp(log);
+  }
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "an interrupted run is not a finished one";
+  const std::string text = slurp(log);
+  EXPECT_NE(text.find("\"stopped_by_signal\":\"SIGTERM\""), std::string::npos) << text;
+  const std::string ck = latest_checkpoint(out("sigterm"));
+  ASSERT_FALSE(ck.empty()) << text;
+  const int64_t step = nlohmann::json::parse(slurp(ck + "/trainer_state.json")).at("step").get<int64_t>();
+  EXPECT_GE(step, 3);
+  EXPECT_EQ(nlohmann::json::parse(slurp(ck + "/trainer_state.json")).at("rows_drawn").get<int64_t>(), 4 * step)
+      << "the global data position: 2 ranks x 2 rows per step";
 }
 
 }  // namespace
