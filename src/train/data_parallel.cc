@@ -16,13 +16,16 @@ std::vector<GradientBucket> plan_buckets(const std::vector<int64_t>& numels, int
   GradientBucket cur;
   for (size_t k = numels.size(); k-- > 0;) {
     CORELM_CHECK(numels[k] >= 0, ValueError, "plan_buckets: parameter ", k, " has ", numels[k], " elements");
-    cur.params.push_back(k);
-    cur.offsets.push_back(cur.numel);
-    cur.numel += numels[k];
-    if (cur.numel >= cap) {
+    // A parameter that would overflow the bucket starts the next one: the tied embedding (the
+    // largest gradient, final only at the very end of backward) then travels alone, and the
+    // layer parameters before it are not held back waiting for it.
+    if (!cur.params.empty() && cur.numel + numels[k] > cap) {
       out.push_back(std::move(cur));
       cur = GradientBucket{};
     }
+    cur.params.push_back(k);
+    cur.offsets.push_back(cur.numel);
+    cur.numel += numels[k];
   }
   if (!cur.params.empty()) out.push_back(std::move(cur));
   return out;

@@ -37,9 +37,9 @@ struct GradientBucket {
 };
 
 // Parameters of `numels` elements in reverse order (backward finishes the last layers first), cut
-// into buckets of about `bucket_bytes` bytes of fp32: a bucket is closed once it holds at least
-// that much, so every bucket but the last reaches the size, and a parameter larger than the size
-// is a bucket of its own. Every parameter is in exactly one bucket. ValueError for bucket_bytes < 4.
+// into buckets of at most `bucket_bytes` bytes of fp32: a parameter that does not fit into the
+// current bucket starts the next one, and one larger than the size is a bucket of its own. Every
+// parameter is in exactly one bucket. ValueError for bucket_bytes < 4.
 std::vector<GradientBucket> plan_buckets(const std::vector<int64_t>& numels, int64_t bucket_bytes);
 
 // 64-bit hash of the bytes of `tensors` (f32, in order): the replicas' checksum.

@@ -61,12 +61,14 @@ TEST(DataParallelBuckets, CoverEveryGradientExactlyOnceInBackwardOrder) {
         order.push_back(g.params[j]);
       }
       EXPECT_EQ(g.numel, at);
-      // Closed once it reaches the size: only the last bucket may be smaller, and a bucket
-      // exceeds it only by its last parameter.
-      if (b + 1 < plan.size()) {
-        EXPECT_GE(g.numel, cap);
+      // At most the size, unless a single parameter is larger; and a bucket was closed only
+      // because the next parameter did not fit.
+      if (g.params.size() > 1) {
+        EXPECT_LE(g.numel, cap);
       }
-      EXPECT_LT(g.numel - numels[g.params.back()], cap);
+      if (b + 1 < plan.size()) {
+        EXPECT_GT(g.numel + numels[plan[b + 1].params.front()], cap);
+      }
     }
     for (size_t i = 0; i < numels.size(); ++i) EXPECT_EQ(seen[i], 1) << "parameter " << i;
     for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], numels.size() - 1 - i) << "reverse order";
@@ -77,6 +79,11 @@ TEST(DataParallelBuckets, OneBucketWhenTheSizeIsLargeAndOnePerParameterWhenSmall
   const std::vector<int64_t> numels{10, 20, 30};
   EXPECT_EQ(plan_buckets(numels, 1 << 20).size(), 1u);
   EXPECT_EQ(plan_buckets(numels, 4).size(), 3u);
+  // The large parameter travels alone; the small ones around it are not held back with it.
+  const std::vector<GradientBucket> p = plan_buckets({1000, 10, 10, 10}, 4 * 30);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].params, (std::vector<size_t>{3, 2, 1}));
+  EXPECT_EQ(p[1].params, (std::vector<size_t>{0}));
   EXPECT_TRUE(plan_buckets({}, 1024).empty());
   EXPECT_THROW(plan_buckets(numels, 0), ValueError);
 }
