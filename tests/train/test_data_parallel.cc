@@ -301,6 +301,12 @@ TEST_F(DataParallelMpi, SftWithMaskedTargetsEqualsOneProcess) {
   const CliResult two = run_ranks(2, args("sft_two", 8, 2, {}, true));
   ASSERT_EQ(two.rc, 0) << two.all();
   expect_same_weights(out("sft_one"), out("sft_two"));
+  // With --grad-accum each global micro-batch is weighted by its own target count, as in one process.
+  const CliResult a1 = run_ranks(0, args("accum_one", 6, 4, {"--grad-accum", "2"}, true));
+  ASSERT_EQ(a1.rc, 0) << a1.all();
+  const CliResult a2 = run_ranks(2, args("accum_two", 6, 2, {"--grad-accum", "2"}, true));
+  ASSERT_EQ(a2.rc, 0) << a2.all();
+  expect_same_weights(out("accum_one"), out("accum_two"));
   // The sampled softmax draws its candidates from the global micro-batch's targets.
   const CliResult s1 = run_ranks(0, args("sampled_one", 6, 4, {"--loss", "sampled", "--negatives", "16"}, true));
   ASSERT_EQ(s1.rc, 0) << s1.all();
