@@ -15,6 +15,7 @@
 #include "corelm/error.h"
 #include "corelm/model.h"
 #include "corelm/model_dir.h"
+#include "corelm/mpi.h"
 #include "corelm/thread_pool.h"
 #include "corelm/tokenizer.h"
 #include "corelm/tokenizer_train.h"
@@ -44,6 +45,8 @@ struct TrainArgs {
   std::vector<std::string> labels;
   double epochs = 0, label_smoothing = 0;
   bool balance = false, freeze_body = false, val_fraction_given = false;
+  bool mpi = false, no_overlap = false;  // data-parallel over MPI (docs/SCALE-OUT.md)
+  int64_t bucket_kb = 4096, checksum_every = 100;
 };
 
 bool is_token_file(const std::string& path) { return path.size() > 4 && path.ends_with(".bin"); }
@@ -92,25 +95,38 @@ train::TrainOptions train_options(const TrainArgs& a) {
   opt.sampled_floor = a.count_floor;
   opt.sampled_alpha = a.sampled_alpha;
   opt.compute_dtype = a.compute_dtype;
+  opt.bucket_bytes = a.bucket_kb * 1024;
+  opt.overlap_allreduce = !a.no_overlap;
+  opt.checksum_every = a.checksum_every;
   return opt;
 }
 
 // Returns the exit code: 0, or 128 + the signal that stopped training (after its checkpoint).
 int run_classify(const TrainArgs& a);
 
-int run(const TrainArgs& a) {
+// Under mpirun every rank runs this; rank 0 alone writes into --out (the others read it after
+// the barrier below) and prints.
+int run_rank(const TrainArgs& a, const dist::World& world) {
   set_num_threads(a.threads);
-  if (a.task == "classify") return run_classify(a);
+  if (a.task == "classify") {
+    CORELM_CHECK(world.size() <= 1, ValueError, "train --task classify runs in one process (not under mpirun with ",
+                 world.size(), " ranks); data-parallel training is for --task lm");
+    return run_classify(a);
+  }
   CORELM_CHECK(a.labels.empty() && a.dev.empty() && a.epochs == 0, ValueError,
                "train: --labels, --dev and --epochs are for --task classify");
   CORELM_CHECK(a.steps > 0, ValueError, "train: --steps is required (a positive number of optimizer steps)");
+  const bool root = world.is_root();
   CORELM_CHECK(!a.data.empty() || !a.sft.empty(), ValueError, "train: give --data FILE... or --sft pairs.jsonl");
   CORELM_CHECK(a.data.empty() || a.sft.empty(), ValueError, "train: --data and --sft are exclusive");
   train::TrainOptions opt = train_options(a);
+  opt.world = &world;
+  if (!root) opt.progress = false;
+  const bool quiet = a.no_progress || !root;
   opt.validate();  // before anything is written into --out
   train::check_val_fraction(a.val_fraction);
   // Held until the end: no second run may write the tokenizer or checkpoints into --out meanwhile.
-  const std::shared_ptr<void> out_lock = train::lock_output_dir(a.out);
+  const std::shared_ptr<void> out_lock = root ? train::lock_output_dir(a.out) : nullptr;
   const bool resuming = a.resume && train::has_checkpoint(a.out);
   // A resumed run takes config and tokenizer from the checkpoint the pointer names.
   const std::string checkpoint = resuming ? train::latest_checkpoint(a.out) : "";
@@ -139,13 +155,16 @@ int run(const TrainArgs& a) {
                    " is a token file; give --tokenizer (the tokenizer that produced it)");
       text_files.push_back(f);
     }
-    BpeTrainOptions bpe;
-    bpe.vocab_size = static_cast<size_t>(config.vocab_size);
-    bpe.progress = !a.no_progress;
-    const BpeTrainStats s = train_bpe(text_files, bpe, out_tokenizer);
-    if (!a.no_progress)
-      std::cerr << "trained a byte-level BPE tokenizer: " << s.vocab_size << " tokens (" << s.merges << " merges) in "
-                << s.count_seconds + s.merge_seconds << " s -> " << out_tokenizer << "\n";
+    if (root) {
+      BpeTrainOptions bpe;
+      bpe.vocab_size = static_cast<size_t>(config.vocab_size);
+      bpe.progress = !quiet;
+      const BpeTrainStats s = train_bpe(text_files, bpe, out_tokenizer);
+      if (!quiet)
+        std::cerr << "trained a byte-level BPE tokenizer: " << s.vocab_size << " tokens (" << s.merges
+                  << " merges) in " << s.count_seconds + s.merge_seconds << " s -> " << out_tokenizer << "\n";
+    }
+    world.barrier();  // the other ranks load the tokenizer rank 0 wrote
     tokenizer_path = out_tokenizer;
   }
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(tokenizer_path);
@@ -153,7 +172,7 @@ int run(const TrainArgs& a) {
   if (tok_vocab > config.vocab_size) {
     CORELM_CHECK(!resuming && a.init.empty(), ValueError, "train: tokenizer ", tokenizer_path, " has ", tok_vocab,
                  " ids, more than the model's vocab_size ", config.vocab_size);
-    std::cerr << "note: vocab_size raised from " << config.vocab_size << " to the tokenizer's " << tok_vocab << "\n";
+    if (root) std::cerr << "note: vocab_size raised from " << config.vocab_size << " to the tokenizer's " << tok_vocab << "\n";
     config.vocab_size = tok_vocab;
   }
 
@@ -169,7 +188,9 @@ int run(const TrainArgs& a) {
     decoder.init_weights(a.seed);
   }
 
-  // Data: training windows/pairs and a fixed validation set.
+  // Data: training windows/pairs and a fixed validation set (batched by the global batch, so N
+  // ranks of --batch B validate on what one process with --batch N*B does).
+  const int64_t val_batch = a.batch * world.size();
   std::unique_ptr<train::BatchSource> source;
   std::vector<train::Batch> val;
   train::TokenDataset dataset;
@@ -190,9 +211,9 @@ int run(const TrainArgs& a) {
         for (TokenId t : pairs[i].output)
           if (static_cast<int64_t>(t) < config.vocab_size) ++counts[t];
     }
-    for (size_t i = train_end; i < pairs.size() && static_cast<int64_t>(val.size()) < a.eval_batches; i += a.batch) {
+    for (size_t i = train_end; i < pairs.size() && static_cast<int64_t>(val.size()) < a.eval_batches; i += val_batch) {
       std::vector<const train::SftPair*> rows;
-      for (size_t j = i; j < std::min(pairs.size(), i + a.batch); ++j) rows.push_back(&pairs[j]);
+      for (size_t j = i; j < std::min(pairs.size(), i + val_batch); ++j) rows.push_back(&pairs[j]);
       val.push_back(train::make_sft_batch(rows, a.seq, pad));
     }
   } else {
@@ -215,10 +236,10 @@ int run(const TrainArgs& a) {
                  dataset.vocab_bound() - 1, ", outside the model's vocab_size ", config.vocab_size);
     const train::Split split = train::split_tokens(dataset.size(), a.val_fraction, a.seq);
     if (split.train_end < dataset.size())
-      val = train::sequential_batches(dataset, split.train_end, dataset.size(), a.batch, a.seq, a.eval_batches);
+      val = train::sequential_batches(dataset, split.train_end, dataset.size(), val_batch, a.seq, a.eval_batches);
     source = std::make_unique<train::WindowSampler>(dataset, 0, split.train_end, a.seed);
     if (sampled) counts = train::count_tokens(dataset, 0, split.train_end, config.vocab_size);
-    if (!a.no_progress)
+    if (!quiet)
       std::cerr << "data: " << dataset.size() << " tokens (" << split.train_end << " train, "
                 << dataset.size() - split.train_end << " validation); model: "
                 << config.num_parameters(false) << " non-embedding parameters\n";
@@ -238,10 +259,11 @@ int run(const TrainArgs& a) {
                                  {"tokens_per_s", r.tokens_per_s},
                                  {"threads", a.threads},
                                  {"checkpoint", r.checkpoint}};
+  if (world.size() > 1) summary["ranks"] = world.size();
   if (r.stopped_by_signal) summary["stopped_by_signal"] = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
-  std::cout << summary.dump() << "\n";
+  if (root) std::cout << summary.dump() << "\n";
   if (!r.stopped_by_signal) return 0;
-  std::cerr << "corelm: train: stopped by " << (r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "
+  if (root) std::cerr << "corelm: train: stopped by " << (r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "
             << r.end_step << "; checkpoint " << r.checkpoint << " (continue with --resume)\n";
   return 128 + r.stopped_by_signal;
 }
@@ -416,9 +438,21 @@ int run_classify(const TrainArgs& a) {
   return r.stopped_by_signal ? 128 + r.stopped_by_signal : 0;
 }
 
+int run(const TrainArgs& a) {
+  dist::World world(a.mpi);
+  try {
+    return run_rank(a, world);
+  } catch (const std::exception& e) {
+    if (world.size() <= 1) throw;
+    // The other ranks would wait forever in their next collective: report and end the whole job.
+    std::cerr << "corelm: error (rank " << world.rank() << " of " << world.size() << "): " << e.what() << "\n";
+    world.abort(1);
+  }
+}
+
 RegisterCommand reg([](CLI::App& root) {
   auto a = std::make_shared<TrainArgs>();
-  CLI::App* c = root.add_subcommand("train", "Train (or fine-tune with --sft) a decoder on one machine");
+  CLI::App* c = root.add_subcommand("train", "Train (or fine-tune with --sft) a decoder; under mpirun, data-parallel over the ranks");
   c->add_option("--preset", a->preset, "model shape: tiny, small, smollm2-135m")->capture_default_str();
   c->add_option("--config", a->config, "a config.json instead of a preset");
   c->add_option("--init", a->init, "start from this model directory (fine-tuning)");
@@ -476,6 +510,17 @@ RegisterCommand reg([](CLI::App& root) {
                 "(0 disables it)")
       ->capture_default_str();
   c->add_option("--sampled-alpha", a->sampled_alpha, "sampled loss: exponent alpha of the proposal")
+      ->capture_default_str();
+  c->add_flag("--mpi", a->mpi,
+              "initialise MPI even when no launcher's environment is seen (mpirun/srun are detected; "
+              "data-parallel training: docs/SCALE-OUT.md)");
+  c->add_option("--bucket-kb", a->bucket_kb,
+                "data-parallel: gradient all-reduce bucket size in KiB (default from `corelm bench allreduce`)")
+      ->capture_default_str();
+  c->add_flag("--no-overlap", a->no_overlap,
+              "data-parallel: reduce the gradient buckets after backward instead of during it");
+  c->add_option("--checksum-every", a->checksum_every,
+                "data-parallel: compare a checksum of the weights across ranks every N steps (0: only at the end)")
       ->capture_default_str();
   c->add_option("--compute-dtype", a->compute_dtype, "matrix-product precision of training: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))

@@ -49,4 +49,21 @@ void record(Tensor& output, std::string name, std::vector<Tensor> inputs, Backwa
 // Runs backward from `root` with seed gradient `grad` (ones for a scalar root when undefined).
 void backward(const Tensor& root, const Tensor& grad = Tensor());
 
+// Called by backward() on the calling thread right after it wrote a leaf's .grad() for the last
+// time in that call (every consumer of the leaf has contributed), so data-parallel training can
+// start reducing that gradient while the rest of backward runs. Installed for the lifetime of a
+// LeafGradHookScope on this thread (scopes nest; the innermost one is called).
+using LeafGradHook = std::function<void(const Tensor& leaf)>;
+class LeafGradHookScope {
+ public:
+  explicit LeafGradHookScope(LeafGradHook hook);
+  ~LeafGradHookScope();
+  LeafGradHookScope(const LeafGradHookScope&) = delete;
+  LeafGradHookScope& operator=(const LeafGradHookScope&) = delete;
+
+ private:
+  LeafGradHook hook_;
+  const LeafGradHook* previous_;
+};
+
 }  // namespace corelm::autograd

@@ -14,6 +14,10 @@
 #include "corelm/tensor.h"
 #include "corelm/tokenizer.h"
 
+namespace corelm::dist {
+class World;  // corelm/mpi.h
+}
+
 namespace corelm::train {
 
 // ---- learning-rate schedules (src/train/schedule.cc) ----
@@ -192,6 +196,15 @@ struct TrainOptions {
   std::string compute_dtype = "f32";
   // Not owned; null: next-token prediction with `loss` above.
   Objective* objective = nullptr;
+  // Data-parallel training over MPI (src/train/data_parallel.h, docs/SCALE-OUT.md): null, or a
+  // world of one rank, trains alone. With N ranks every rank draws the global micro-batch of
+  // N x `batch` rows and trains on its `batch` of them; gradients are summed in buckets of
+  // `bucket_bytes`, started during backward when `overlap_allreduce`; rank 0 alone writes the
+  // checkpoints and the log and runs validation (the CLI turns `progress` off on the others).
+  const dist::World* world = nullptr;
+  int64_t bucket_bytes = 4 << 20;
+  bool overlap_allreduce = true;
+  int64_t checksum_every = 100;  // cross-rank parameter checksum every N steps (0: only at the end)
 
   // ValueError naming the CLI option (--warmup, --clip, --min-lr-ratio, ...) of the first value
   // out of range. train() calls it first, so nothing is written for a bad option.

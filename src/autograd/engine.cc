@@ -12,6 +12,7 @@ namespace autograd {
 
 namespace {
 thread_local bool g_grad_mode = true;
+thread_local const LeafGradHook* g_leaf_hook = nullptr;
 
 // The running gradient a plus b, in a fresh tensor (a or b may be shared with other slots). One
 // pass writing a + b, rather than a clone of a and a second pass adding b: on the training profile
@@ -35,6 +36,11 @@ struct LambdaNode : Node {
 }  // namespace
 
 bool grad_mode_enabled() { return g_grad_mode; }
+
+LeafGradHookScope::LeafGradHookScope(LeafGradHook hook) : hook_(std::move(hook)), previous_(g_leaf_hook) {
+  g_leaf_hook = &hook_;
+}
+LeafGradHookScope::~LeafGradHookScope() { g_leaf_hook = previous_; }
 
 NoGradGuard::NoGradGuard() : previous_(g_grad_mode) { g_grad_mode = false; }
 NoGradGuard::~NoGradGuard() { g_grad_mode = previous_; }
@@ -102,6 +108,7 @@ void backward(const Tensor& root, const Tensor& grad) {
       Tensor& leaf = const_cast<Tensor&>(t);
       // Cloned so that no two leaves (or a leaf and a later step) ever share gradient memory.
       leaf.set_grad(prev.defined() ? accumulate(prev, g) : g.contiguous().to(DType::F32).clone());
+      if (g_leaf_hook) (*g_leaf_hook)(t);
       continue;
     }
     std::vector<Tensor> in_grads = fn->backward(g);

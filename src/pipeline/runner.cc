@@ -16,13 +16,13 @@
 #include "corelm/error.h"
 #include "corelm/model_dir.h"
 #include "corelm/model_loader.h"
+#include "corelm/mpi.h"
 #include "corelm/pipeline.h"
 #include "corelm/thread_pool.h"
 #include "corelm/utf8.h"
 #include "pipeline/engine.h"
 #include "pipeline/hash.h"
 #include "pipeline/input.h"
-#include "pipeline/mpi_world.h"
 #include "pipeline/output_dir.h"
 #include "pipeline/plan_cache.h"
 #include "pipeline/reader.h"
@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using MpiWorld = dist::World;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The one place a model is loaded (HF/GGUF inputs plug in here). BF16 packs the weights for the

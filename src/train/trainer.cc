@@ -28,6 +28,7 @@
 #include "corelm/train.h"
 #include "kernels/cpu/vec_fast.h"
 #include "train/checkpoint_internal.h"
+#include "train/data_parallel.h"
 #include "train/sampled_softmax.h"
 
 namespace corelm::train {
@@ -93,6 +94,7 @@ struct SampledDraw {
   int64_t negatives = 0;
   uint64_t seed = 0;
   int64_t step = 0, micro_batch = 0;
+  const Tensor* candidate_targets = nullptr;  // data-parallel: the global micro-batch's targets
 };
 
 // Mean loss of one batch; the backward of the returned tensor accumulates into .grad(). Full
@@ -110,8 +112,9 @@ Tensor batch_loss(const model::Decoder& model, const Batch& b, const SampledDraw
   hidden = ops::reshape(hidden, {n, hidden.size(-1)});
   const Tensor& weight = model.lm_head_weight();
   if (!sampled) return ops::linear_cross_entropy(hidden, weight, targets);
-  const CandidateSet c = draw_candidates(*sampled->proposal, sampled->negatives, targets, sampled->seed,
-                                         sampled->step, sampled->micro_batch);
+  const CandidateSet c = draw_candidates(*sampled->proposal, sampled->negatives,
+                                         sampled->candidate_targets ? *sampled->candidate_targets : targets,
+                                         sampled->seed, sampled->step, sampled->micro_batch);
   return ops::sampled_linear_cross_entropy(hidden, weight, targets, c.candidates, c.log_correction);
 }
 
@@ -215,6 +218,10 @@ void TrainOptions::validate() const {
   CORELM_CHECK(std::isfinite(sampled_alpha) && sampled_alpha >= 0, ValueError,
                "train: --sampled-alpha must be >= 0, got ", sampled_alpha);
   ops::parse_compute_dtype(compute_dtype);
+  CORELM_CHECK(bucket_bytes >= 1024 && bucket_bytes <= (int64_t{1} << 30), ValueError,
+               "train: --bucket-kb must be between 1 and 1048576 (KiB), got ", bucket_bytes / 1024.0);
+  CORELM_CHECK(checksum_every >= 0, ValueError, "train: --checksum-every must be >= 0 (0: only at the end), got ",
+               checksum_every);
 }
 
 EvalResult evaluate_dataset(const model::Decoder& model, const TokenDataset& data, const EvalOptions& options) {
@@ -284,9 +291,12 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
                  opt.sampled_negatives);
     proposal = std::make_unique<UnigramProposal>(opt.unigram_counts, opt.sampled_floor, opt.sampled_alpha);
   }
+  // Data-parallel: only rank 0 touches out_dir (lock, checkpoints, log); it sends the others the
+  // starting point below.
+  const bool root = !opt.world || opt.world->is_root();
   // One run per output folder; then clear what an interrupted save of an earlier run left.
-  const std::shared_ptr<void> out_lock = lock_output_dir(opt.out_dir);
-  prune_checkpoints(opt.out_dir, checkpoint_steps(opt.out_dir));
+  const std::shared_ptr<void> out_lock = root ? lock_output_dir(opt.out_dir) : nullptr;
+  if (root) prune_checkpoints(opt.out_dir, checkpoint_steps(opt.out_dir));
   // Read once: on resume the file is the checkpoint's own, which pruning may remove later.
   std::optional<std::string> tokenizer_bytes;
   if (!tokenizer_json.empty()) tokenizer_bytes = detail::read_file(tokenizer_json);
@@ -311,7 +321,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   // over, so its first save drops the folder's older checkpoints (after its pointer moved).
   std::vector<int64_t> lineage;
   int64_t saved_step = -1;
-  if (opt.resume && has_checkpoint(opt.out_dir)) {
+  if (root && opt.resume && has_checkpoint(opt.out_dir)) {
     std::vector<Tensor> m = adam.exp_avg(), v = adam.exp_avg_sq();
     result.checkpoint = latest_checkpoint(opt.out_dir);
     detail::sync_model_view(opt.out_dir);  // a save killed between its pointer and its links
@@ -331,15 +341,31 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     }
     truncate_log(log_path, step);
     if (opt.progress) std::fprintf(stderr, "resuming %s at step %lld\n", opt.out_dir.c_str(), static_cast<long long>(step));
-  } else {
+  } else if (root) {
     std::ofstream(log_path, std::ios::trunc);
   }
+  DataParallel dp(opt.world, params, opt);
+  CORELM_CHECK(!(dp.enabled() && opt.objective), ValueError,
+               "train: a task objective (--task classify) trains in one process, not over MPI ranks");
+  if (dp.enabled()) {
+    DataParallelStart at{step, tokens_seen, data.drawn(), data.state(), draw_seed};
+    dp.broadcast_start(params, adam.exp_avg(), adam.exp_avg_sq(), at);
+    step = at.step;
+    tokens_seen = at.tokens_seen;
+    data.set_drawn(at.rows_drawn);
+    data.set_state(at.sampler);
+    draw_seed = at.draw_seed;
+    adam.set_step_count(step);
+  }
   result.start_step = step;
-  std::ofstream log(log_path, std::ios::app);
-  CORELM_CHECK(log.good(), IOError, log_path, ": cannot open for writing");
+  std::ofstream log;
+  if (root) {
+    log.open(log_path, std::ios::app);
+    CORELM_CHECK(log.good(), IOError, log_path, ": cannot open for writing");
+  }
 
   auto save = [&](int64_t at_step) {
-    if (at_step == saved_step) return;  // already on disk (a resume that trained no step)
+    if (!root || at_step == saved_step) return;  // already on disk (a resume that trained no step)
     TrainerState st;
     st.step = at_step;
     st.tokens_seen = tokens_seen;
@@ -382,6 +408,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   const int64_t last_step = opt.stop_at > 0 ? std::min(opt.steps, opt.stop_at) : opt.steps;
 
   auto run_eval = [&](nlohmann::ordered_json& rec, int64_t at_step, double train_loss) {
+    if (!root) return;  // data-parallel: rank 0 evaluates
     if (opt.objective) {  // the task's own evaluation (e.g. dev accuracy of the classification head)
       std::vector<std::pair<std::string, double>> fields;
       const double v = opt.objective->evaluate(model, at_step, fields);
@@ -424,7 +451,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
   };
 
   while (step < last_step) {
-    if (const int sig = signals.requested()) {
+    if (const int sig = static_cast<int>(dp.max(signals.requested()))) {
       result.stopped_by_signal = sig;
       break;
     }
@@ -433,15 +460,23 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     double loss_value = 0;
     int64_t step_tokens = 0;
     for (int64_t a = 0; a < opt.grad_accum; ++a) {
-      Batch b = data.next(opt.batch, opt.seq);
+      // Data-parallel: the global micro-batch (every rank draws it), of which this rank trains on its rows.
+      Batch b = data.next(opt.batch * dp.size(), opt.seq);
+      step_tokens += b.tokens();
+      const DataParallel::Share share = dp.take_rows(b);
+      if (share.local_targets == 0 && dp.enabled()) continue;  // nothing to learn here; zeros in the sum
+      const auto reduce_during_backward = dp.watch_backward(a + 1 == opt.grad_accum);
       ops::ComputeDTypeScope precision(compute);
-      SampledDraw draw{proposal.get(), opt.sampled_negatives, draw_seed, step, a};
-      Tensor loss = opt.objective ? opt.objective->loss(model, b) : batch_loss(model, b, proposal ? &draw : nullptr);
+      SampledDraw draw{proposal.get(), opt.sampled_negatives, draw_seed, step, a, dp.enabled() ? &b.targets : nullptr};
+      Tensor loss = opt.objective ? opt.objective->loss(model, share.local)
+                                  : batch_loss(model, share.local, proposal ? &draw : nullptr);
       if (opt.grad_accum > 1) loss = ops::scale(loss, 1.0f / static_cast<float>(opt.grad_accum));
+      if (dp.enabled()) loss = ops::scale(loss, static_cast<float>(share.weight));
       loss.backward();
       loss_value += loss.item();
-      step_tokens += b.tokens();
     }
+    dp.reduce_gradients();
+    loss_value = dp.sum(loss_value);
     const double grad_norm = global_grad_norm(params);
     if (!std::isfinite(loss_value) || !std::isfinite(grad_norm)) {
       nlohmann::ordered_json rec;
@@ -467,6 +502,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     adam.step();
     adam.zero_grad();
     ++step;
+    dp.after_update(step, opt.save_every > 0 && step % opt.save_every == 0);
     tokens_seen += step_tokens;
     const double dt = seconds_since(t0);
     train_seconds += dt;
@@ -481,9 +517,10 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     rec["grad_norm"] = grad_norm;
     rec["tokens_per_s"] = tok_s;
     rec["tokens_seen"] = tokens_seen;
+    if (dp.enabled()) rec["allreduce_s"] = dp.last_reduce_seconds();
     rec["elapsed_s"] = seconds_since(start);
     if (compute == ops::ComputeDType::BF16 && step == result.start_step + 1) rec["bf16_gemm"] = ops::bf16_gemm_kernel();
-    const bool budget_over = opt.time_budget_s > 0 && seconds_since(start) >= opt.time_budget_s;
+    const bool budget_over = dp.max(opt.time_budget_s > 0 && seconds_since(start) >= opt.time_budget_s) != 0;
     const bool final_step = step == last_step || budget_over;
     if ((opt.eval_every > 0 && step % opt.eval_every == 0) || final_step) {
       run_eval(rec, step, loss_value);
@@ -503,6 +540,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     if (budget_over) break;
   }
   if (tty) std::fputs("\n", stderr);
+  dp.check_replicas(step);
   save(step);
   result.end_step = step;
   result.tokens_seen = tokens_seen;
