@@ -29,6 +29,8 @@
 #   EPOCHS=6          passes over TRAIN per grid point, capped by MAX_STEPS (default 2500)
 #   BATCH=32 SEQ=128 VOCAB=8192 LAYERS=2 HIDDEN=256 FFN=640  the model and batch
 #   PRECISION=bf16    eval-task's inference precision (bf16 fast path, or f32)
+#   COMPUTE=bf16      training's matrix-product precision (--compute-dtype: bf16 runs the bf16 GEMM
+#                     where the core has it at full rate, else bf16-rounded operands; or f32)
 #   NICE=10           niceness of the training and evaluation runs
 #   PIN=0             the core they are pinned to with taskset (empty: not pinned)
 set -euo pipefail
@@ -67,7 +69,7 @@ eval_every=$(( n_train / batch / 2 ))
 (( eval_every > steps )) && eval_every=$steps
 base=(--task classify --labels "$labels" --data "$train" --dev "$dev" --steps "$steps" --batch "$batch"
       --seq "$seq" --label-smoothing 0.1 --weight-decay 0.1 --eval-every "$eval_every" --save-every 0
-      --keep-checkpoints 1 --no-progress --threads 1)
+      --keep-checkpoints 1 --no-progress --threads 1 --compute-dtype "${COMPUTE:-bf16}")
 start=$(date +%s.%N)
 init=${INIT:-}
 if [[ -z $init && -n ${PRETRAIN:-} ]]; then
