@@ -175,20 +175,7 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
   const GemmF32BlockFn kernel = gemm_f32_kernel(active_isa());
   if (!kernel) return reference::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (M == 0 || N == 0) return;
-  GemmF32Args g;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.alpha = alpha;
-  g.beta = beta;
-  g.A = A;
-  g.lda = lda;
-  g.B = B;
-  g.ldb = ldb;
-  g.C = C;
-  g.ldc = ldc;
+  const GemmF32Args g{{trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc}, alpha, beta};
   const int64_t col_blocks = blocks(N, kGemmColBlock);
   const size_t pack_bytes = kGemmF32ScratchFloats * sizeof(float);
   run_tasks(blocks(M, kGemmRowBlock) * col_blocks, [&](int64_t t) {
@@ -225,20 +212,7 @@ void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 void gemm_bf16_blocks(GemmBf16BlockFn kernel, size_t bytes, bool trans_a, bool trans_b, int64_t M, int64_t N,
                       int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
                       bool accumulate) {
-  GemmBf16Args g;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.kp = (K + 1) / 2 * 2;
-  g.A = A;
-  g.lda = lda;
-  g.B = B;
-  g.ldb = ldb;
-  g.C = C;
-  g.ldc = ldc;
-  g.accumulate = accumulate;
+  const GemmBf16Args g{{trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc}, (K + 1) / 2 * 2, accumulate};
   const int64_t col_blocks = blocks(N, kGemmColBlock);
   // As in run_packed_linear: a thread rounds a row block of op(A) once per call and reuses it for
   // the later column blocks it runs (tasks go column block fastest).
