@@ -63,6 +63,52 @@ std::string tokenizer_json_path(const std::string& given) {
   return p.string();
 }
 
+// Where a run starts, the same for --task lm and --task classify: a resumed run takes config and
+// tokenizer from the checkpoint the pointer names, else from --init (whose weights it loads into
+// init), else --config/--preset and --tokenizer.
+struct RunStart {
+  bool resuming = false;
+  std::string checkpoint;     // the step folder resumed from ("" when not resuming)
+  std::string out_tokenizer;  // OUT/tokenizer.json
+  std::unique_ptr<model::LoadedModel> init;
+  model::ModelConfig config;
+};
+
+RunStart run_start(const TrainArgs& a) {
+  RunStart s;
+  s.resuming = a.resume && train::has_checkpoint(a.out);
+  s.checkpoint = s.resuming ? train::latest_checkpoint(a.out) : "";
+  s.out_tokenizer = (fs::path(a.out) / "tokenizer.json").string();
+  if (s.resuming) s.config = model::ModelConfig::load((fs::path(s.checkpoint) / "config.json").string());
+  else if (!a.init.empty()) {
+    s.init = std::make_unique<model::LoadedModel>(model::load_model_dir(a.init));
+    s.config = s.init->decoder.config();
+  } else if (!a.config.empty()) s.config = model::ModelConfig::load(a.config);
+  else s.config = model::ModelConfig::preset(a.preset);
+  return s;
+}
+
+// The tokenizer the run starts from: the checkpoint's, --init's or --tokenizer; "" when none is
+// given (the caller trains one into out_tokenizer).
+std::string given_tokenizer_path(const TrainArgs& a, const RunStart& s) {
+  if (s.resuming) return (fs::path(s.checkpoint) / "tokenizer.json").string();
+  if (!a.init.empty()) return (fs::path(a.init) / "tokenizer.json").string();
+  if (!a.tokenizer.empty()) return tokenizer_json_path(a.tokenizer);
+  return "";
+}
+
+// A tokenizer with more ids than the config's vocab_size raises it, unless the weights come from a
+// checkpoint or --init (their embedding rows are fixed). Returns whether it was raised.
+bool fit_vocab_to_tokenizer(const TrainArgs& a, const RunStart& s, const std::string& tokenizer_path,
+                            const Tokenizer& tok, model::ModelConfig& config) {
+  const int64_t tok_vocab = static_cast<int64_t>(tok.vocab_size());
+  if (tok_vocab <= config.vocab_size) return false;
+  CORELM_CHECK(!s.resuming && a.init.empty(), ValueError, "train: tokenizer ", tokenizer_path, " has ", tok_vocab,
+               " ids, more than the model's vocab_size ", config.vocab_size);
+  config.vocab_size = tok_vocab;
+  return true;
+}
+
 // The library's options from the arguments (the library validates them: train::TrainOptions).
 train::TrainOptions train_options(const TrainArgs& a) {
   train::TrainOptions opt;
@@ -127,27 +173,14 @@ int run_rank(const TrainArgs& a, const dist::World& world) {
   train::check_val_fraction(a.val_fraction);
   // Held until the end: no second run may write the tokenizer or checkpoints into --out meanwhile.
   const std::shared_ptr<void> out_lock = root ? train::lock_output_dir(a.out) : nullptr;
-  const bool resuming = a.resume && train::has_checkpoint(a.out);
-  // A resumed run takes config and tokenizer from the checkpoint the pointer names.
-  const std::string checkpoint = resuming ? train::latest_checkpoint(a.out) : "";
-  const std::string out_tokenizer = (fs::path(a.out) / "tokenizer.json").string();
-
-  // Config and (for --init) weights.
-  std::unique_ptr<model::LoadedModel> init;
-  model::ModelConfig config;
-  if (resuming) config = model::ModelConfig::load((fs::path(checkpoint) / "config.json").string());
-  else if (!a.init.empty()) {
-    init = std::make_unique<model::LoadedModel>(model::load_model_dir(a.init));
-    config = init->decoder.config();
-  } else if (!a.config.empty()) config = model::ModelConfig::load(a.config);
-  else config = model::ModelConfig::preset(a.preset);
-
-  // Tokenizer: the checkpoint's, the initial model's, the one given, or one trained on the data.
-  std::string tokenizer_path;
-  if (resuming) tokenizer_path = (fs::path(checkpoint) / "tokenizer.json").string();
-  else if (!a.init.empty()) tokenizer_path = (fs::path(a.init) / "tokenizer.json").string();
-  else if (!a.tokenizer.empty()) tokenizer_path = tokenizer_json_path(a.tokenizer);
-  else {
+  // Config, (for --init) weights and tokenizer: the checkpoint's, the initial model's, the ones
+  // given, or (tokenizer) one trained on the data.
+  RunStart start = run_start(a);
+  const std::string& out_tokenizer = start.out_tokenizer;
+  std::unique_ptr<model::LoadedModel> init = std::move(start.init);
+  model::ModelConfig& config = start.config;
+  std::string tokenizer_path = given_tokenizer_path(a, start);
+  if (tokenizer_path.empty()) {
     std::vector<std::string> text_files;
     if (!a.sft.empty()) text_files.push_back(a.sft);
     for (const auto& f : a.data) {
@@ -168,13 +201,9 @@ int run_rank(const TrainArgs& a, const dist::World& world) {
     tokenizer_path = out_tokenizer;
   }
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(tokenizer_path);
-  const int64_t tok_vocab = static_cast<int64_t>(tok->vocab_size());
-  if (tok_vocab > config.vocab_size) {
-    CORELM_CHECK(!resuming && a.init.empty(), ValueError, "train: tokenizer ", tokenizer_path, " has ", tok_vocab,
-                 " ids, more than the model's vocab_size ", config.vocab_size);
-    if (root) std::cerr << "note: vocab_size raised from " << config.vocab_size << " to the tokenizer's " << tok_vocab << "\n";
-    config.vocab_size = tok_vocab;
-  }
+  const int64_t old_vocab = config.vocab_size;
+  if (fit_vocab_to_tokenizer(a, start, tokenizer_path, *tok, config) && root)
+    std::cerr << "note: vocab_size raised from " << old_vocab << " to the tokenizer's " << config.vocab_size << "\n";
 
   CORELM_CHECK(!config.has_classifier(), ValueError, "train: ", a.init.empty() ? a.out : a.init,
                " has a classification head (", config.labels.size(),
@@ -279,18 +308,11 @@ int run_classify(const TrainArgs& a) {
   CORELM_CHECK(a.steps == 0 || a.epochs == 0, ValueError, "train --task classify: --steps and --epochs are exclusive");
   CORELM_CHECK(std::isfinite(a.epochs) && a.epochs >= 0, ValueError, "train: --epochs must be positive, got ", a.epochs);
   const std::shared_ptr<void> out_lock = train::lock_output_dir(a.out);
-  const bool resuming = a.resume && train::has_checkpoint(a.out);
-  const std::string checkpoint = resuming ? train::latest_checkpoint(a.out) : "";
-  const std::string out_tokenizer = (fs::path(a.out) / "tokenizer.json").string();
-
-  std::unique_ptr<model::LoadedModel> init;
-  model::ModelConfig config;
-  if (resuming) config = model::ModelConfig::load((fs::path(checkpoint) / "config.json").string());
-  else if (!a.init.empty()) {
-    init = std::make_unique<model::LoadedModel>(model::load_model_dir(a.init));
-    config = init->decoder.config();
-  } else if (!a.config.empty()) config = model::ModelConfig::load(a.config);
-  else config = model::ModelConfig::preset(a.preset);
+  RunStart start = run_start(a);
+  const bool resuming = start.resuming;
+  const std::string& out_tokenizer = start.out_tokenizer;
+  std::unique_ptr<model::LoadedModel> init = std::move(start.init);
+  model::ModelConfig& config = start.config;
   // Labels, template and pooling: given, else the model's (a second round keeps its head).
   std::vector<std::string> labels = a.labels.empty() ? config.labels : a.labels;
   CORELM_CHECK(!labels.empty(), ValueError, "train --task classify: give --labels A,B,... (the model has no head)");
@@ -309,11 +331,8 @@ int run_classify(const TrainArgs& a) {
     tmpl = config.classifier_template;
   const std::string pooling = !a.pooling.empty() ? a.pooling : config.has_classifier() ? config.classifier_pooling : "last";
 
-  std::string tokenizer_path;
-  if (resuming) tokenizer_path = (fs::path(checkpoint) / "tokenizer.json").string();
-  else if (!a.init.empty()) tokenizer_path = (fs::path(a.init) / "tokenizer.json").string();
-  else if (!a.tokenizer.empty()) tokenizer_path = tokenizer_json_path(a.tokenizer);
-  else {
+  std::string tokenizer_path = given_tokenizer_path(a, start);
+  if (tokenizer_path.empty()) {
     // A BPE of the task's own text: the vocabulary a small-data model can afford.
     const std::string corpus = (fs::path(a.out) / ".bpe_corpus.txt").string();
     {
@@ -342,12 +361,7 @@ int run_classify(const TrainArgs& a) {
     tokenizer_path = out_tokenizer;
   }
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(tokenizer_path);
-  const int64_t tok_vocab = static_cast<int64_t>(tok->vocab_size());
-  if (tok_vocab > config.vocab_size) {
-    CORELM_CHECK(!resuming && a.init.empty(), ValueError, "train: tokenizer ", tokenizer_path, " has ", tok_vocab,
-                 " ids, more than the model's vocab_size ", config.vocab_size);
-    config.vocab_size = tok_vocab;
-  }
+  fit_vocab_to_tokenizer(a, start, tokenizer_path, *tok, config);
 
   train::ClassifyDataOptions d;
   d.labels = labels;

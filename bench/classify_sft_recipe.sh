@@ -19,59 +19,28 @@ train=$1 dev=$2 test=$3 labels=$4 work=$5
 cd "$(dirname "$0")/.."
 bin=${CORELM_BIN:-build/release/corelm}
 steps=${TRAIN_STEPS:-1500} seq=${SEQ:-96} lr=${LR:-2e-3} batch=${BATCH:-16} limit=${TEST_LIMIT:-0}
-[[ -x $bin ]] || { echo "classify_sft_recipe: $bin missing (cmake --build --preset release --target corelm_cli)" >&2; exit 1; }
-for f in "$train" "$dev" "$test"; do [[ -s $f ]] || { echo "classify_sft_recipe: $f missing or empty" >&2; exit 1; }; done
-pin=(); command -v taskset >/dev/null && pin=(taskset -c "${PIN_CORE:-0}")
-mkdir -p "$work"
-
-python3 - "$train" "$test" "$work" "$limit" <<'PY'
-import json, sys
-train, test, work, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-with open(train, encoding="utf-8") as f, open(f"{work}/sft.jsonl", "w", encoding="utf-8") as out:
-    for line in f:
-        r = json.loads(line)
-        out.write(json.dumps({"input": r["text"] + "\nLabel:", "output": " " + r["label"]}, ensure_ascii=False) + "\n")
-with open(test, encoding="utf-8") as f, open(f"{work}/test.jsonl", "w", encoding="utf-8") as out:
-    for i, line in enumerate(f):
-        if limit and i >= limit:
-            break
-        out.write(line)
-PY
-cat > "$work/config.json" <<'JSON'
-{"model_type": "llama", "vocab_size": 4096, "hidden_size": 128, "intermediate_size": 320,
- "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
- "max_position_embeddings": 160, "tie_word_embeddings": true}
-JSON
+. bench/recipe_common.sh
+recipe_check classify_sft_recipe "$train" "$dev" "$test"
+recipe_prepare "$train" "$test" "$limit" '
+def pair(r):
+    return {"input": r["text"] + "\nLabel:", "output": " " + r["label"]}
+'
+recipe_config 160
 t0=$(date +%s.%N)
-if [[ ${REUSE_MODEL:-0} == 1 && -f $work/model/model.safetensors ]]; then :; else
-  rm -rf "$work/model"
-  nice -n 10 "${pin[@]}" "$bin" train --config "$work/config.json" --sft "$work/sft.jsonl" --out "$work/model" \
-    --steps "$steps" --batch "$batch" --seq "$seq" --lr "$lr" --warmup 30 --threads 1 --seed 1 --val-fraction 0.02 \
-    --eval-every "$steps" --sample-tokens 0 --time-budget "${TIME_BUDGET:-600}" --no-progress > "$work/train.json"
-fi
+recipe_train
 t1=$(date +%s.%N)
 nice -n 10 "${pin[@]}" "$bin" eval-task --model "$work/model" --data "$work/test.jsonl" --task classify \
   --labels "$labels" --template '{text}\nLabel:' --threads 1 --batch 16 --json > "$work/eval.json"
 
-python3 - "$work" "$t0" "$t1" "$steps" "$seq" "$lr" "$batch" <<'PY'
+python3 - "$work" "$t0" "$t1" "$steps" "$seq" "$lr" "$batch" "$(recipe_params)" <<'PY'
 import json, os, sys
-work, t0, t1, steps, seq, lr, batch = sys.argv[1:]
+work, t0, t1, steps, seq, lr, batch, params = sys.argv[1:]
 ev = json.load(open(f"{work}/eval.json"))
 tr = json.load(open(f"{work}/train.json")) if os.path.getsize(f"{work}/train.json") else {}
 cfg = json.load(open(f"{work}/model/config.json"))
 h, L, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-# Parameters: the element counts of the saved tensors (safetensors: u64 header length, JSON header).
-with open(f"{work}/model/model.safetensors", "rb") as f:
-    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-params = 0
-for name, t in header.items():
-    if name != "__metadata__":
-        n = 1
-        for d in t["shape"]:
-            n *= d
-        params += n
 print(json.dumps({"accuracy": ev["accuracy"], "macro_f1": ev["macro_f1"], "ece_before": None, "ece": ev["ece"],
-                  "input_tok_s": ev["tokens_per_s"], "params": params, "train_s": round(float(t1) - float(t0), 1),
+                  "input_tok_s": ev["tokens_per_s"], "params": int(params), "train_s": round(float(t1) - float(t0), 1),
                   "test_rows": ev["records"], "error_records": ev["error_records"],
                   "recipe": {"name": "label-likelihood SFT", "layers": L, "hidden": h, "vocab": v,
                              "steps": int(steps), "steps_done": tr.get("steps"),

@@ -19,64 +19,33 @@ train=$1 test=$2 work=$3
 cd "$(dirname "$0")/.."
 bin=${CORELM_BIN:-build/release/corelm}
 steps=${TRAIN_STEPS:-3000} seq=${SEQ:-128} lr=${LR:-2e-3} batch=${BATCH:-16} max_tokens=${MAX_TOKENS:-48} limit=${TEST_LIMIT:-0}
-[[ -x $bin ]] || { echo "conll_sft_recipe: $bin missing" >&2; exit 1; }
-for f in "$train" "$test"; do [[ -s $f ]] || { echo "conll_sft_recipe: $f missing or empty" >&2; exit 1; }; done
-pin=(); command -v taskset >/dev/null && pin=(taskset -c "${PIN_CORE:-0}")
-mkdir -p "$work"
-
-python3 - "$train" "$test" "$work" "$limit" <<'PY'
-import json, sys
-train, test, work, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-with open(train, encoding="utf-8") as f, open(f"{work}/sft.jsonl", "w", encoding="utf-8") as out:
-    for line in f:
-        r = json.loads(line)
-        ents = "; ".join(f"{e['type']}: {e['text']}" for e in r["entities"]) or "none"
-        out.write(json.dumps({"input": r["text"] + "\nEntities:", "output": " " + ents}, ensure_ascii=False) + "\n")
-with open(test, encoding="utf-8") as f, open(f"{work}/test.jsonl", "w", encoding="utf-8") as out:
-    for i, line in enumerate(f):
-        if limit and i >= limit:
-            break
-        out.write(line)
-PY
-cat > "$work/config.json" <<'JSON'
-{"model_type": "llama", "vocab_size": 4096, "hidden_size": 128, "intermediate_size": 320,
- "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
- "max_position_embeddings": 256, "tie_word_embeddings": true}
-JSON
+. bench/recipe_common.sh
+recipe_check conll_sft_recipe "$train" "$test"
+recipe_prepare "$train" "$test" "$limit" '
+def pair(r):
+    ents = "; ".join(e["type"] + ": " + e["text"] for e in r["entities"]) or "none"
+    return {"input": r["text"] + "\nEntities:", "output": " " + ents}
+'
+recipe_config 256
 t0=$(date +%s.%N)
-if [[ ${REUSE_MODEL:-0} == 1 && -f $work/model/model.safetensors ]]; then :; else
-  rm -rf "$work/model"
-  nice -n 10 "${pin[@]}" "$bin" train --config "$work/config.json" --sft "$work/sft.jsonl" --out "$work/model" \
-    --steps "$steps" --batch "$batch" --seq "$seq" --lr "$lr" --warmup 30 --threads 1 --seed 1 --val-fraction 0.02 \
-    --eval-every "$steps" --sample-tokens 0 --time-budget "${TIME_BUDGET:-600}" --no-progress > "$work/train.json"
-fi
+recipe_train
 t1=$(date +%s.%N)
 rm -rf "$work/run"
 nice -n 10 "${pin[@]}" "$bin" eval-task --model "$work/model" --data "$work/test.jsonl" --task extract --entities \
   --template '{text}\nEntities:' --stop '\n' --max-tokens "$max_tokens" --threads 1 --batch 16 --out "$work/run" \
   --json > "$work/eval.json"
 
-python3 - "$work" "$t0" "$t1" "$steps" "$seq" "$lr" "$batch" "$max_tokens" <<'PY'
+python3 - "$work" "$t0" "$t1" "$steps" "$seq" "$lr" "$batch" "$max_tokens" "$(recipe_params)" <<'PY'
 import json, os, sys
-work, t0, t1, steps, seq, lr, batch, max_tokens = sys.argv[1:]
+work, t0, t1, steps, seq, lr, batch, max_tokens, params = sys.argv[1:]
 ev = json.load(open(f"{work}/eval.json"))
 tr = json.load(open(f"{work}/train.json")) if os.path.getsize(f"{work}/train.json") else {}
 cfg = json.load(open(f"{work}/model/config.json"))
 h, L, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-# Parameters: the element counts of the saved tensors (safetensors: u64 header length, JSON header).
-with open(f"{work}/model/model.safetensors", "rb") as f:
-    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-params = 0
-for name, t in header.items():
-    if name != "__metadata__":
-        n = 1
-        for d in t["shape"]:
-            n *= d
-        params += n
 print(json.dumps({"precision": ev["precision"], "recall": ev["recall"], "f1": ev["f1"], "per_type": ev["per_type"],
                   "records": ev["records"], "gold_entities": ev["gold_entities"],
                   "malformed_entries": ev["malformed_entries"], "error_records": ev["error_records"],
-                  "input_tok_s": ev["tokens_per_s"], "params": params, "train_s": round(float(t1) - float(t0), 1),
+                  "input_tok_s": ev["tokens_per_s"], "params": int(params), "train_s": round(float(t1) - float(t0), 1),
                   "recipe": {"name": "entity-list SFT", "layers": L, "hidden": h, "steps": int(steps), "steps_done": tr.get("steps"),
                              "time_budget_s": float(os.environ.get("TIME_BUDGET", "600")), "seq": int(seq),
                              "lr": float(lr), "batch": int(batch), "max_tokens": int(max_tokens),

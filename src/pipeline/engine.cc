@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include <filesystem>
 
@@ -28,6 +29,29 @@ std::string join_labels(const std::vector<std::string>& labels) {
   std::string s;
   for (const auto& l : labels) s += (s.empty() ? "" : ",") + l;
   return s;
+}
+
+// A classification result from one score per label (log-likelihoods, or logits / temperature):
+// r's probs (their softmax, max-shifted, in label order), label (the most probable, the first on
+// ties) and margin (its probability minus the second's; 1 with one label). Returns the top index
+// and its probability; the caller writes logprob, which the two scorings define differently.
+std::pair<int64_t, double> write_label_probs(nlohmann::ordered_json& r, const std::vector<std::string>& labels,
+                                             const std::vector<double>& scores) {
+  const int64_t L = static_cast<int64_t>(scores.size());
+  const double m = *std::max_element(scores.begin(), scores.end());
+  double z = 0;
+  for (double v : scores) z += std::exp(v - m);
+  std::vector<double> p(static_cast<size_t>(L));
+  for (int64_t j = 0; j < L; ++j) p[j] = std::exp(scores[j] - m) / z;
+  std::vector<int64_t> order(static_cast<size_t>(L));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+  nlohmann::ordered_json probs = nlohmann::ordered_json::object();
+  for (int64_t j = 0; j < L; ++j) probs[labels[j]] = p[j];
+  r["label"] = labels[order[0]];
+  r["probs"] = std::move(probs);
+  r["margin"] = L > 1 ? p[order[0]] - p[order[1]] : 1.0;
+  return {order[0], p[order[0]]};
 }
 
 }  // namespace
@@ -325,22 +349,9 @@ void Engine::classify(const std::vector<PreparedDoc*>& docs) {
     });
   }
   for (size_t i = 0; i < docs.size(); ++i) {
-    const auto& ll = loglik[i];
-    const double m = *std::max_element(ll.begin(), ll.end());
-    double z = 0;
-    for (double v : ll) z += std::exp(v - m);
-    std::vector<double> p(L);
-    for (int64_t j = 0; j < L; ++j) p[j] = std::exp(ll[j] - m) / z;
-    std::vector<int64_t> order(L);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
-    nlohmann::ordered_json probs = nlohmann::ordered_json::object();
-    for (int64_t j = 0; j < L; ++j) probs[spec_.labels[j]] = p[j];
     auto& r = docs[i]->result;
-    r["label"] = spec_.labels[order[0]];
-    r["probs"] = std::move(probs);
-    r["margin"] = L > 1 ? p[order[0]] - p[order[1]] : 1.0;
-    r["logprob"] = ll[order[0]];
+    const int64_t top = write_label_probs(r, spec_.labels, loglik[i]).first;
+    r["logprob"] = loglik[i][top];
   }
 }
 
@@ -387,21 +398,9 @@ void Engine::classify_head(const std::vector<PreparedDoc*>& docs) {
       for (int64_t k = 0; k < H; ++k) acc += pooled[k] * wr[k];
       z[j] = acc / temperature;
     }
-    const double m = *std::max_element(z.begin(), z.end());
-    double sum = 0;
-    for (double v : z) sum += std::exp(v - m);
-    std::vector<double> p(static_cast<size_t>(L));
-    for (int64_t j = 0; j < L; ++j) p[j] = std::exp(z[j] - m) / sum;
-    std::vector<int64_t> order(static_cast<size_t>(L));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
-    nlohmann::ordered_json probs = nlohmann::ordered_json::object();
-    for (int64_t j = 0; j < L; ++j) probs[spec_.labels[j]] = p[j];
     auto& r = docs[i]->result;
-    r["label"] = spec_.labels[order[0]];
-    r["probs"] = std::move(probs);
-    r["margin"] = L > 1 ? p[order[0]] - p[order[1]] : 1.0;
-    r["logprob"] = std::log(p[order[0]]);
+    const double top_p = write_label_probs(r, spec_.labels, z).second;
+    r["logprob"] = std::log(top_p);
   }
 }
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -15,6 +14,8 @@
 #include "corelm/safetensors.h"
 #include "corelm/train.h"
 #include "corelm/utf8.h"
+
+#include "jsonl_records.h"
 
 namespace corelm::train {
 namespace fs = std::filesystem;
@@ -51,22 +52,8 @@ std::vector<ClassifyRecord> load_classify_records(const std::string& path, const
                "classify: --template must hold {text} exactly once: '", o.template_text, "'");
   CORELM_CHECK(o.max_tokens >= 1, ValueError, "classify: --seq must be positive, got ", o.max_tokens);
   const std::string prefix = o.template_text.substr(0, at), suffix = o.template_text.substr(at + 6);
-  std::ifstream in(path, std::ios::binary);
-  CORELM_CHECK(in.good(), IOError, path, ": cannot open");
   std::vector<ClassifyRecord> out;
-  std::string line;
-  size_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(line_no);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(where + ": invalid JSON: " + e.what());
-    }
+  detail::for_each_jsonl_record(path, [&](const nlohmann::json& j, const std::string& where) {
     CORELM_CHECK(j.is_object(), FormatError, where, ": expected an object {\"", o.text_field, "\": ..., \"",
                  o.label_field, "\": ...}");
     CORELM_CHECK(j.contains(o.text_field) && j[o.text_field].is_string(), FormatError, where,
@@ -88,7 +75,7 @@ std::vector<ClassifyRecord> load_classify_records(const std::string& path, const
     CORELM_CHECK(!r.ids.empty(), FormatError, where, ": the text encodes to no tokens");
     if (static_cast<int64_t>(r.ids.size()) > o.max_tokens) r.ids.resize(static_cast<size_t>(o.max_tokens));
     out.push_back(std::move(r));
-  }
+  });
   CORELM_CHECK(!out.empty(), FormatError, path, ": no records (empty data)");
   return out;
 }

@@ -3,11 +3,12 @@
 // packing: causal_attention cannot keep attention inside each pair, so each row holds one pair,
 // padded (see docs/TRAINING.md).
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "corelm/error.h"
 #include "corelm/train.h"
+
+#include "jsonl_records.h"
 
 namespace corelm::train {
 
@@ -18,22 +19,8 @@ size_t sft_validation_pairs(size_t pairs, double val_fraction) {
 }
 
 std::vector<SftPair> load_sft_pairs(const std::string& path, const Tokenizer& tokenizer) {
-  std::ifstream in(path, std::ios::binary);
-  CORELM_CHECK(in.good(), IOError, path, ": cannot open");
   std::vector<SftPair> pairs;
-  std::string line;
-  size_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(line_no);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(where + ": invalid JSON: " + e.what());
-    }
+  detail::for_each_jsonl_record(path, [&](const nlohmann::json& j, const std::string& where) {
     CORELM_CHECK(j.is_object(), FormatError, where, ": expected an object {\"input\": ..., \"output\": ...}");
     for (const char* key : {"input", "output"})
       CORELM_CHECK(j.contains(key) && j[key].is_string(), FormatError, where, ": missing string field \"", key,
@@ -44,7 +31,7 @@ std::vector<SftPair> load_sft_pairs(const std::string& path, const Tokenizer& to
     if (tokenizer.eos_id()) p.output.push_back(*tokenizer.eos_id());
     CORELM_CHECK(!p.output.empty(), FormatError, where, ": empty \"output\" (nothing to learn from)");
     pairs.push_back(std::move(p));
-  }
+  });
   CORELM_CHECK(!pairs.empty(), FormatError, path, ": no pairs");
   return pairs;
 }

@@ -80,6 +80,42 @@ void expect_rows_batch_and_thread_invariant(const std::vector<float>& X, int64_t
   }
 }
 
+// The same for a GEMM: `gemm(ta, tb, rows, N, K, A, lda, B, ldb, C)` writes C = op(A) op(B) with
+// C's row stride N. For each of the four transpose combinations, row i of an M-row product must
+// be bitwise the row computed alone, at row i + offset of a `big`-row product (A's rows rotated so
+// other rows surround it) and at 2 threads instead of 1. Fatal failures, as above.
+template <class Gemm>
+void expect_gemm_rows_batch_and_thread_invariant(int64_t M, int64_t N, int64_t K, int64_t big, int64_t offset,
+                                                 Gemm&& gemm) {
+  for (int combo = 0; combo < 4; ++combo) {
+    const bool ta = combo & 1, tb = combo & 2;
+    const int64_t lda = ta ? big : K;  // A holds `big` rows; the M-row call reads the first M
+    const auto A = random_floats(big * K, 40 + combo), B = random_floats(K * N, 50 + combo);
+    const int64_t ldb = tb ? K : N;
+    std::vector<float> full(M * N), alone(N), shifted(big * N), threaded(M * N);
+    set_num_threads(1);
+    gemm(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, full.data());
+    set_num_threads(2);
+    gemm(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, threaded.data());
+    set_num_threads(1);
+    ASSERT_EQ(std::memcmp(full.data(), threaded.data(), full.size() * 4), 0) << "thread count changed C";
+    std::vector<float> rot(big * K);
+    for (int64_t r = 0; r < big; ++r)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t src = (r - offset + big) % big;
+        (ta ? rot[k * big + r] : rot[r * K + k]) = ta ? A[k * big + src] : A[src * K + k];
+      }
+    gemm(ta, tb, big, N, K, rot.data(), lda, B.data(), ldb, shifted.data());
+    for (int64_t i = 0; i < M; ++i) {
+      const float* a_row = ta ? A.data() + i : A.data() + i * K;
+      gemm(ta, tb, 1, N, K, a_row, lda, B.data(), ldb, alone.data());
+      ASSERT_EQ(std::memcmp(alone.data(), &full[i * N], N * 4), 0) << "row " << i << " alone differs, combo " << combo;
+      ASSERT_EQ(std::memcmp(&shifted[(i + offset) * N], &full[i * N], N * 4), 0)
+          << "row " << i << " at offset differs, combo " << combo;
+    }
+  }
+}
+
 // Every path this CPU runs, for INSTANTIATE_TEST_SUITE_P.
 inline std::vector<Isa> isa_paths() { return supported_isas(); }
 inline std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return isa_name(info.param); }

@@ -166,34 +166,11 @@ TEST_P(GemmBf16, NegativeSizeIsAnError) {
 // Row i of a 37-row product, bitwise, equals the row computed alone, at another position among
 // other rows, and with 2 threads instead of 1 -- for the three training products' transposes.
 TEST_P(GemmBf16, RowsAreBatchAndThreadInvariant) {
-  const int64_t M = 37, N = 300, K = 301, big = 400, offset = 13;  // big: past one 384-row block
-  for (int combo = 0; combo < 4; ++combo) {
-    const bool ta = combo & 1, tb = combo & 2;
-    const int64_t lda = ta ? big : K;
-    const auto A = random_floats(big * K, 40 + combo), B = random_floats(K * N, 50 + combo);
-    const int64_t ldb = tb ? K : N;
-    std::vector<float> full(M * N), alone(N), shifted(big * N), threaded(M * N);
-    set_num_threads(1);
-    gemm_bf16(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, full.data(), N);
-    set_num_threads(2);
-    gemm_bf16(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, threaded.data(), N);
-    set_num_threads(1);
-    ASSERT_EQ(std::memcmp(full.data(), threaded.data(), full.size() * 4), 0) << "thread count changed C";
-    std::vector<float> rot(big * K);
-    for (int64_t r = 0; r < big; ++r)
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t src = (r - offset + big) % big;
-        (ta ? rot[k * big + r] : rot[r * K + k]) = ta ? A[k * big + src] : A[src * K + k];
-      }
-    gemm_bf16(ta, tb, big, N, K, rot.data(), lda, B.data(), ldb, shifted.data(), N);
-    for (int64_t i = 0; i < M; ++i) {
-      const float* a_row = ta ? A.data() + i : A.data() + i * K;
-      gemm_bf16(ta, tb, 1, N, K, a_row, lda, B.data(), ldb, alone.data(), N);
-      ASSERT_EQ(std::memcmp(alone.data(), &full[i * N], N * 4), 0) << "row " << i << " alone differs, combo " << combo;
-      ASSERT_EQ(std::memcmp(&shifted[(i + offset) * N], &full[i * N], N * 4), 0)
-          << "row " << i << " at offset differs, combo " << combo;
-    }
-  }
+  // M = 37, N = 300, K = 301, big = 400 (past one 384-row block), offset = 13
+  expect_gemm_rows_batch_and_thread_invariant(
+      37, 300, 301, 400, 13,
+      [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb,
+         float* C) { gemm_bf16(ta, tb, m, n, k, A, lda, B, ldb, C, n); });
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, GemmBf16, ::testing::ValuesIn(isa_paths()), isa_param_name);

@@ -114,35 +114,11 @@ TEST_P(GemmContract, NegativeSizeIsAnError) {
 // Row i of a 37-row product, bitwise, equals the row computed alone, at another position among
 // other rows, and with 2 threads instead of 1.
 TEST_P(GemmContract, RowsAreBatchAndThreadInvariant) {
-  const int64_t M = 37, N = 300, K = 129, big = 50, offset = 13;
-  for (int combo = 0; combo < 4; ++combo) {
-    const bool ta = combo & 1, tb = combo & 2;
-    const int64_t lda = ta ? big : K;  // A holds `big` rows; the M-row call reads the first M
-    const auto A = random_floats(big * K, 40 + combo), B = random_floats(K * N, 50 + combo);
-    const int64_t ldb = tb ? K : N;
-    std::vector<float> full(M * N), alone(N), shifted(big * N), threaded(M * N);
-    set_num_threads(1);
-    gemm_f32(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, full.data(), N);
-    set_num_threads(2);
-    gemm_f32(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, threaded.data(), N);
-    set_num_threads(1);
-    ASSERT_EQ(std::memcmp(full.data(), threaded.data(), full.size() * 4), 0) << "thread count changed C";
-    // Row i placed at row i + offset of A (A's rows are rotated so other rows surround it).
-    std::vector<float> rot(big * K);
-    for (int64_t r = 0; r < big; ++r)
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t src = (r - offset + big) % big;
-        (ta ? rot[k * big + r] : rot[r * K + k]) = ta ? A[k * big + src] : A[src * K + k];
-      }
-    gemm_f32(ta, tb, big, N, K, 1.0f, rot.data(), lda, B.data(), ldb, 0.0f, shifted.data(), N);
-    for (int64_t i = 0; i < M; ++i) {
-      const float* a_row = ta ? A.data() + i : A.data() + i * K;
-      gemm_f32(ta, tb, 1, N, K, 1.0f, a_row, lda, B.data(), ldb, 0.0f, alone.data(), N);
-      ASSERT_EQ(std::memcmp(alone.data(), &full[i * N], N * 4), 0) << "row " << i << " alone differs, combo " << combo;
-      ASSERT_EQ(std::memcmp(&shifted[(i + offset) * N], &full[i * N], N * 4), 0)
-          << "row " << i << " at offset differs, combo " << combo;
-    }
-  }
+  // M = 37, N = 300, K = 129, big = 50, offset = 13
+  expect_gemm_rows_batch_and_thread_invariant(
+      37, 300, 129, 50, 13,
+      [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb,
+         float* C) { gemm_f32(ta, tb, m, n, k, 1.0f, A, lda, B, ldb, 0.0f, C, n); });
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, GemmContract, ::testing::ValuesIn(isa_paths()), isa_param_name);

@@ -4,7 +4,6 @@
 // that leave no partial output.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <zlib.h>
 #include <zstd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include <set>
 
 #include "common/cli_runner.h"
+#include "common/gzip.h"
 #include "corelm/corpus_build.h"
 #include "corelm/error.h"
 #include "corelm/thread_pool.h"
@@ -59,19 +59,6 @@ std::string read_file(const std::string& p) {
 }
 void write_file(const std::string& p, const std::string& s) {
   std::ofstream(p, std::ios::binary) << s;
-}
-std::string gzip(const std::string& data) {
-  z_stream zs{};
-  deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
-  std::string out(deflateBound(&zs, data.size()) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  zs.avail_in = static_cast<uInt>(data.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  deflate(&zs, Z_FINISH);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
 }
 std::string zstd(const std::string& data) {
   std::string out(ZSTD_compressBound(data.size()), '\0');

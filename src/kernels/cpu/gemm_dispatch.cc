@@ -125,6 +125,17 @@ double best_gflops(double seconds, double flops_per_iter, float (*loop)(int64_t)
 
 int64_t blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
+// The task grid of gemm_paths.h: block(m0, m1, c0, c1) for every block of kGemmRowBlock rows x
+// col_block columns (or panels) of a rows x cols output, one task each, column block fastest.
+template <typename Block>
+void run_blocks(int64_t rows, int64_t cols, int64_t col_block, const Block& block) {
+  const int64_t col_blocks = blocks(cols, col_block);
+  run_tasks(blocks(rows, kGemmRowBlock) * col_blocks, [&](int64_t t) {
+    const int64_t m0 = (t / col_blocks) * kGemmRowBlock, c0 = (t % col_blocks) * col_block;
+    block(m0, std::min(m0 + kGemmRowBlock, rows), c0, std::min(c0 + col_block, cols));
+  });
+}
+
 void run_packed_linear(const float* X, int64_t m, int64_t ldx, const PackedLinear& W, float* Y, int64_t ldy,
                        LinearBf16BlockFn kernel);
 
@@ -175,26 +186,9 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
   const GemmF32BlockFn kernel = gemm_f32_kernel(active_isa());
   if (!kernel) return reference::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (M == 0 || N == 0) return;
-  GemmF32Args g;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.alpha = alpha;
-  g.beta = beta;
-  g.A = A;
-  g.lda = lda;
-  g.B = B;
-  g.ldb = ldb;
-  g.C = C;
-  g.ldc = ldc;
-  const int64_t col_blocks = blocks(N, kGemmColBlock);
+  const GemmF32Args g{{trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc}, alpha, beta};
   const size_t pack_bytes = kGemmF32ScratchFloats * sizeof(float);
-  run_tasks(blocks(M, kGemmRowBlock) * col_blocks, [&](int64_t t) {
-    const int64_t m0 = (t / col_blocks) * kGemmRowBlock, n0 = (t % col_blocks) * kGemmColBlock;
-    const int64_t m1 = m0 + kGemmRowBlock < M ? m0 + kGemmRowBlock : M;
-    const int64_t n1 = n0 + kGemmColBlock < N ? n0 + kGemmColBlock : N;
+  run_blocks(M, N, kGemmColBlock, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     kernel(g, m0, m1, n0, n1, static_cast<float*>(scratch().get(pack_bytes)));
   });
 }
@@ -225,29 +219,12 @@ void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 void gemm_bf16_blocks(GemmBf16BlockFn kernel, size_t bytes, bool trans_a, bool trans_b, int64_t M, int64_t N,
                       int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
                       bool accumulate) {
-  GemmBf16Args g;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.kp = (K + 1) / 2 * 2;
-  g.A = A;
-  g.lda = lda;
-  g.B = B;
-  g.ldb = ldb;
-  g.C = C;
-  g.ldc = ldc;
-  g.accumulate = accumulate;
-  const int64_t col_blocks = blocks(N, kGemmColBlock);
+  const GemmBf16Args g{{trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc}, (K + 1) / 2 * 2, accumulate};
   // As in run_packed_linear: a thread rounds a row block of op(A) once per call and reuses it for
   // the later column blocks it runs (tasks go column block fastest).
   static std::atomic<uint64_t> calls{0};
   const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
-  run_tasks(blocks(M, kGemmRowBlock) * col_blocks, [&](int64_t t) {
-    const int64_t m0 = (t / col_blocks) * kGemmRowBlock, n0 = (t % col_blocks) * kGemmColBlock;
-    const int64_t m1 = m0 + kGemmRowBlock < M ? m0 + kGemmRowBlock : M;
-    const int64_t n1 = n0 + kGemmColBlock < N ? n0 + kGemmColBlock : N;
+  run_blocks(M, N, kGemmColBlock, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     thread_local Scratch own;  // not scratch(): linear_bf16's reuse check must not see this buffer
     thread_local uint64_t rounded_call = 0;
     thread_local int64_t rounded_m0 = -1;
@@ -496,16 +473,13 @@ void run_packed_linear(const float* X, int64_t m, int64_t ldx, const PackedLinea
   a.Y = Y;
   a.ldy = ldy;
   constexpr int64_t panels_per_block = kGemmColBlock / kLinearPanel;
-  const int64_t panels = blocks(W.n, kLinearPanel), col_blocks = blocks(panels, panels_per_block);
+  const int64_t panels = blocks(W.n, kLinearPanel);
   const size_t xbytes = static_cast<size_t>(linear_bf16_scratch_bytes(a.kp));
   // A thread converts a row block of X once per call and reuses it for the later column blocks it
   // runs (tasks go column block fastest): the rounding is the same either way.
   static std::atomic<uint64_t> calls{0};
   const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;
-  run_tasks(blocks(m, kGemmRowBlock) * col_blocks, [&](int64_t t) {
-    const int64_t m0 = (t / col_blocks) * kGemmRowBlock, p0 = (t % col_blocks) * panels_per_block;
-    const int64_t m1 = m0 + kGemmRowBlock < m ? m0 + kGemmRowBlock : m;
-    const int64_t p1 = p0 + panels_per_block < panels ? p0 + panels_per_block : panels;
+  run_blocks(m, panels, panels_per_block, [&](int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
     thread_local uint64_t rounded_call = 0;
     thread_local int64_t rounded_m0 = -1;
     void* xbuf = scratch().get(xbytes);  // may reallocate: then nothing is ready

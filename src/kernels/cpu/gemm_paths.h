@@ -22,16 +22,21 @@ inline constexpr int64_t kGemmMaxPanel = 64;   // widest fp32 panel (AVX-512: 4 
 // Scratch of one fp32 GEMM task: a packed panel plus the accumulators carried between k-blocks.
 inline constexpr int64_t kGemmF32ScratchFloats = (kGemmKBlock + kGemmRowBlock) * kGemmMaxPanel;
 
-struct GemmF32Args {
+// The problem every GEMM path shares: C [M, N] from op(A) [M, K] and op(B) [K, N] (op: transposed
+// when trans_*), row-major with leading dimensions lda, ldb, ldc.
+struct GemmOperands {
   bool trans_a = false, trans_b = false;
   int64_t M = 0, N = 0, K = 0;
-  float alpha = 1.0f, beta = 0.0f;
   const float* A = nullptr;
   int64_t lda = 0;
   const float* B = nullptr;
   int64_t ldb = 0;
   float* C = nullptr;
   int64_t ldc = 0;
+};
+
+struct GemmF32Args : GemmOperands {
+  float alpha = 1.0f, beta = 0.0f;
 };
 
 // Computes C rows [m0, m1) x columns [n0, n1) (n1 - n0 <= kGemmColBlock, m1 - m0 <=
@@ -72,15 +77,8 @@ using LinearBf16BlockFn = void (*)(const LinearBf16Args&, int64_t m0, int64_t m1
 inline constexpr int64_t kBf16Panel = 64;    // columns per packed panel (4 zmm of pairs)
 inline constexpr int64_t kBf16KPairs = 128;  // k-pairs per block (256 k: a 32 KiB panel, in L1)
 
-struct GemmBf16Args {
-  bool trans_a = false, trans_b = false;
-  int64_t M = 0, N = 0, K = 0, kp = 0;  // kp: K rounded up to even
-  const float* A = nullptr;
-  int64_t lda = 0;
-  const float* B = nullptr;
-  int64_t ldb = 0;
-  float* C = nullptr;
-  int64_t ldc = 0;
+struct GemmBf16Args : GemmOperands {
+  int64_t kp = 0;           // K rounded up to even
   bool accumulate = false;  // C += product instead of C = product
 };
 
