@@ -32,6 +32,8 @@
 #   COMPUTE=bf16      training's matrix-product precision (--compute-dtype: bf16 runs the bf16 GEMM
 #                     where the core has it at full rate, else bf16-rounded operands; or f32)
 #   NICE=10           niceness of the training and evaluation runs
+#   REUSE=1           keep a grid point already trained in WORK (its OUT.json and model) instead of
+#                     training it again, e.g. to score a grid cut short
 #   PIN=0             the core they are pinned to with taskset (empty: not pinned)
 set -euo pipefail
 if [[ $# -ne 5 ]]; then
@@ -94,8 +96,12 @@ best="" best_acc=-1 best_loss=0
 for lr in $lrs; do
   for pool in $poolings; do
     out="$work/lr${lr}_$pool"
-    rm -rf "$out"
-    "${run[@]}" "$bin" train "${base[@]}" --lr "$lr" --pooling "$pool" --out "$out" > "$out.json"
+    if [[ ${REUSE:-0} == 1 && -s $out.json && -f $out/model.safetensors ]]; then
+      echo "classify_recipe: REUSE=1: keeping the trained $out" >&2
+    else
+      rm -rf "$out"
+      "${run[@]}" "$bin" train "${base[@]}" --lr "$lr" --pooling "$pool" --out "$out" > "$out.json"
+    fi
     read -r acc loss < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["dev_accuracy"], j["dev_loss"])' "$out.json")
     echo "classify_recipe: lr $lr pooling $pool: dev accuracy $acc, dev loss $loss" >&2
     if python3 -c 'import sys; a,l,ba,bl=map(float,sys.argv[1:]); sys.exit(0 if a>ba or (a==ba and l<bl) else 1)' \
