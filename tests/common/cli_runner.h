@@ -32,10 +32,10 @@ struct CliResult {
 
 struct CliOptions {
   double timeout_s = 120;
-  std::vector<std::string> env;  // "NAME=value" added to the environment
+  std::vector<std::string> env{};  // "NAME=value" added to the environment
   long fsize_limit = -1;         // RLIMIT_FSIZE in bytes (writes past it fail with EFBIG)
   long as_limit = -1;            // RLIMIT_AS in bytes
-  std::string stdin_data;
+  std::string stdin_data{};
 };
 
 inline std::string corelm_path() { return std::string(CORELM_BINARY_DIR) + "/corelm"; }
