@@ -221,6 +221,14 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
   }
 }
 
+// AdamW moments of recognisable values (0.5 and 0.25), one per parameter of m.
+void fill_moments(const model::Decoder& m, std::vector<Tensor>& ea, std::vector<Tensor>& eas) {
+  for (const Tensor& p : m.parameters()) {
+    ea.push_back(Tensor::full(p.shape(), 0.5));
+    eas.push_back(Tensor::full(p.shape(), 0.25));
+  }
+}
+
 std::set<std::string> names_in(const fs::path& dir) {
   std::set<std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) files.insert(e.path().filename().string());
@@ -232,10 +240,7 @@ TEST(Checkpoint, StepFolderPointerAndModelDirView) {
   model::Decoder m(small_config());
   m.init_weights(1);
   std::vector<Tensor> ea, eas;
-  for (const Tensor& p : m.parameters()) {
-    ea.push_back(Tensor::full(p.shape(), 0.5));
-    eas.push_back(Tensor::full(p.shape(), 0.25));
-  }
+  fill_moments(m, ea, eas);
   TrainerState st;
   st.step = 5;
   st.sampler = Generator(3).state();
@@ -310,10 +315,7 @@ TEST(Checkpoint, OlderLayoutResumes) {
   model::Decoder m(small_config());
   m.init_weights(1);
   std::vector<Tensor> ea, eas;
-  for (const Tensor& p : m.parameters()) {
-    ea.push_back(Tensor::full(p.shape(), 0.5));
-    eas.push_back(Tensor::full(p.shape(), 0.25));
-  }
+  fill_moments(m, ea, eas);
   TrainerState st;
   st.step = 3;
   // Written as the older save_checkpoint did: the files of a step folder, at the top of OUT.
