@@ -13,6 +13,7 @@
 #include "corelm/error.h"
 #include "corelm/generate.h"
 #include "corelm/out_of_memory.h"
+#include "infer/sequence_text.h"
 
 namespace corelm::infer {
 namespace {
@@ -26,12 +27,10 @@ struct Row {
   std::vector<TokenId> context;  // prompt + generated
   int64_t prompt_len = 0;
   Sampler sampler;
-  StreamingDecoder decoder;
-  std::string text;   // decoded so far (cut at a stop string once one appears)
-  size_t streamed = 0;
-  bool finished = false;
+  std::optional<SequenceText> text;  // made once the prompt is known (it primes the decoder)
   GenerationResult result;
-  Row(const SamplingOptions& s, uint64_t seed, const Tokenizer& tok) : sampler(s, seed), decoder(tok, true) {}
+  Row(const SamplingOptions& s, uint64_t seed) : sampler(s, seed) {}
+  bool finished() const { return text->finished(); }
 };
 
 class Session {
@@ -73,7 +72,7 @@ class Session {
       active.clear();
       ids.clear();
       for (size_t r = 0; r < rows_.size(); ++r)
-        if (!rows_[r].finished) {
+        if (!rows_[r].finished()) {
           active.push_back(static_cast<int64_t>(r));
           ids.push_back(rows_[r].context.back());
         }
@@ -101,7 +100,8 @@ class Session {
     out.reserve(rows_.size());
     for (Row& row : rows_) {
       GenerationResult& r = row.result;
-      r.text = std::move(row.text);
+      r.text = row.text->take_text();
+      r.finish_reason = row.text->finish_reason();
       r.prompt_tokens = row.prompt_len;
       r.prefill_seconds = prefill_s;
       r.decode_seconds = decode_s;
@@ -127,17 +127,13 @@ class Session {
     for (TokenId id : ids)
       CORELM_CHECK(id >= 0 && id < vocab_, ValueError, "prompt ", index, ": token id ", id,
                    " is outside the model's vocabulary (", vocab_, ")");
-    Row& row = rows_.emplace_back(opt_.sampling, opt_.seed, tok_);
+    Row& row = rows_.emplace_back(opt_.sampling, opt_.seed);
     row.prompt_len = static_cast<int64_t>(ids.size());
     row.context = std::move(ids);
     row.result.truncated = truncated;
-    // SentencePiece decoders drop the leading space of a text's first token; the generated text
-    // continues the prompt, so the decoder is told the prompt has already started the text.
-    if (tok_.strips_leading_space())
-      for (TokenId id : row.context)
-        if (id < allowed_vocab_) row.decoder.push(id);
+    row.text.emplace(tok_, opt_.stop, row.context, allowed_vocab_);
     // Sequence length (prompt + generated) never exceeds the context.
-    if (opt_.max_new_tokens == 0 || row.prompt_len >= context_) finish(row, "length");
+    if (opt_.max_new_tokens == 0 || row.prompt_len >= context_) stream(row, row.text->finish("length"));
   }
 
   // The cache holds what the rows can reach: the longest prompt plus max_new_tokens (the last
@@ -167,7 +163,7 @@ class Session {
   int64_t prefill(model::KVCache& cache) {
     std::vector<int64_t> pending;
     for (size_t r = 0; r < rows_.size(); ++r)
-      if (!rows_[r].finished) pending.push_back(static_cast<int64_t>(r));
+      if (!rows_[r].finished()) pending.push_back(static_cast<int64_t>(r));
     int64_t tokens = 0;
     std::vector<float> scratch(static_cast<size_t>(vocab_));
     size_t begin = 0;
@@ -227,70 +223,19 @@ class Session {
     accept_token(r, row.sampler.sample(logits, row.context, allowed_vocab_));
   }
 
-  // Appends the chosen token to row r and applies every stopping rule.
+  // Appends the chosen token to row r and applies every stopping rule (sequence_text.h).
   void accept_token(int64_t r, TokenId tok) {
     Row& row = rows_[r];
     row.context.push_back(tok);
     row.result.tokens.push_back(tok);
-    if (std::find(eos_.begin(), eos_.end(), tok) != eos_.end()) {
-      append_text(row, row.decoder.flush());
-      if (!row.finished) finish(row, "stop");
-      return;
-    }
-    append_text(row, row.decoder.push(tok));
-    if (row.finished) return;
+    const bool eos = std::find(eos_.begin(), eos_.end(), tok) != eos_.end();
     const bool out_of_budget = static_cast<int64_t>(row.result.tokens.size()) >= opt_.max_new_tokens ||
                                static_cast<int64_t>(row.context.size()) >= context_;
-    if (out_of_budget) {
-      append_text(row, row.decoder.flush());
-      if (!row.finished) finish(row, "length");
-    } else {
-      emit(row);
-    }
+    stream(row, row.text->accept(tok, eos, out_of_budget ? "length" : nullptr));
   }
 
-  // Adds decoded text and cuts it at the first stop string, if one has appeared.
-  void append_text(Row& row, const std::string& piece) {
-    if (piece.empty() || row.finished) return;
-    const size_t old_len = row.text.size();
-    row.text += piece;
-    size_t cut = std::string::npos;
-    for (const auto& s : opt_.stop) {
-      size_t from = old_len >= s.size() ? old_len - s.size() + 1 : 0;
-      size_t pos = row.text.find(s, from);
-      if (pos != std::string::npos) cut = std::min(cut, pos);
-    }
-    if (cut != std::string::npos) {
-      row.text.resize(std::max(cut, row.streamed));
-      finish(row, "stop");
-    }
-  }
-
-  void finish(Row& row, const char* reason) {
-    row.finished = true;
-    row.result.finish_reason = reason;
-    emit(row);
-  }
-
-  // Streams the text that is final: all of it once the row is done, otherwise everything but the
-  // longest tail that could still grow into a stop string (that tail starts a character, because
-  // it equals the start of a valid UTF-8 stop string).
-  void emit(Row& row) {
-    size_t upto = row.text.size();
-    if (!row.finished) {
-      for (const auto& s : opt_.stop) {
-        for (size_t k = std::min(s.size() - 1, row.text.size()); k > 0; --k) {
-          if (row.text.compare(row.text.size() - k, k, s, 0, k) == 0) {
-            upto = std::min(upto, row.text.size() - k);
-            break;
-          }
-        }
-      }
-    }
-    if (upto > row.streamed) {
-      if (on_text_) on_text_(static_cast<size_t>(&row - rows_.data()), std::string_view(row.text).substr(row.streamed, upto - row.streamed));
-      row.streamed = upto;
-    }
+  void stream(Row& row, const std::string& piece) {
+    if (!piece.empty() && on_text_) on_text_(static_cast<size_t>(&row - rows_.data()), piece);
   }
 
   const model::Decoder& decoder_;

@@ -590,7 +590,7 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
     if (ck.eos_ids.empty() && tokenizer->eos_id()) ck.eos_ids.push_back(*tokenizer->eos_id());
   }
   return Checkpoint{LoadedModel{std::move(decoder), std::move(tokenizer)}, ck.format, ck.eos_ids, ck.bos_id,
-                    std::move(ck.tokenizer_source), std::move(ck.warnings)};
+                    std::move(ck.tokenizer_source), {}, {}, {}, std::move(ck.warnings)};
 }
 
 }  // namespace corelm::model
