@@ -82,6 +82,7 @@ struct Request {
   int64_t cached = 0;   // of which came from the prefix cache
   uint64_t hash = kHashStart;  // hash of prompt[0, hashed)
   int64_t hashed = 0;
+  std::vector<uint64_t> block_keys;  // the prompt's blocks in the prefix cache, from position 0
   bool prefilling = true;
   bool plain = false;   // every pick is the plain argmax: the fused LM-head argmax may decode it
   bool gone = false;    // finished, cancelled or failed: leaves the active list at the step's end
@@ -350,11 +351,12 @@ struct Scheduler::Impl {
             !std::equal(b.prefix.begin(), b.prefix.end(), req.prompt.begin()))
           break;
         cache->write_block(row, r.pos, C, b.kv.data());
-        lru.splice(lru.begin(), lru, b.lru);
+        r.block_keys.push_back(h);
         r.hash = h;
         r.pos += C;
         r.hashed = r.pos;
       }
+      touch_chain(r);
       cache->set_length(row, r.pos);
       r.cached = r.pos;
       st.prefix_cache_hit_tokens += static_cast<uint64_t>(r.cached);
@@ -563,15 +565,20 @@ struct Scheduler::Impl {
     r.hash = hash_tokens(r.hash, r.req.prompt.data() + r.hashed, r.pos - r.hashed);
     r.hashed = r.pos;
     auto it = blocks.find(r.hash);
-    if (it != blocks.end()) {
-      lru.splice(lru.begin(), lru, it->second.lru);
-      if (static_cast<int64_t>(it->second.prefix.size()) == r.pos &&
-          std::equal(it->second.prefix.begin(), it->second.prefix.end(), r.req.prompt.begin()))
-        return;
-    } else {
+    if (it != blocks.end() && static_cast<int64_t>(it->second.prefix.size()) == r.pos &&
+        std::equal(it->second.prefix.begin(), it->second.prefix.end(), r.req.prompt.begin())) {
+      r.block_keys.push_back(r.hash);
+      touch_chain(r);
+      return;
+    }
+    if (static_cast<int64_t>(r.block_keys.size()) != begin / C) return;  // a block before it is missing: unreachable
+    if (it == blocks.end()) {
       std::vector<float> recycled;
       if (static_cast<int64_t>(blocks.size()) >= opt.prefix_cache_blocks) {
+        // The least recently used block goes, unless it is one of this prompt's own (then the
+        // cache is all this prompt's chain, and a deeper block is worth less than its parents).
         auto victim = blocks.find(lru.back());
+        if (std::find(r.block_keys.begin(), r.block_keys.end(), victim->first) != r.block_keys.end()) return;
         recycled = std::move(victim->second.kv);
         blocks.erase(victim);
         lru.pop_back();
@@ -582,10 +589,21 @@ struct Scheduler::Impl {
       b.kv = std::move(recycled);
       it = blocks.find(r.hash);
     }
-    Block& b = it->second;
+    Block& b = it->second;  // new, or a hash collision with another prefix: overwritten
     b.prefix.assign(r.req.prompt.begin(), r.req.prompt.begin() + r.pos);
     b.kv.resize(static_cast<size_t>(cache->block_floats(C)));
     cache->read_block(r.seqs[0]->slot, begin, C, b.kv.data());
+    r.block_keys.push_back(r.hash);
+    touch_chain(r);
+  }
+
+  // Most recent first, a prompt's blocks from position 0 ahead of the deeper ones: eviction takes
+  // the deepest first, so a kept block is always reachable (its parents are kept too).
+  void touch_chain(const Request& r) {
+    for (size_t i = r.block_keys.size(); i-- > 0;) {
+      auto it = blocks.find(r.block_keys[i]);
+      if (it != blocks.end()) lru.splice(lru.begin(), lru, it->second.lru);
+    }
   }
 
   // Prefill done: the other sequences get the prompt's KV, and each samples its first token from

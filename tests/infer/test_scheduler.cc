@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -353,6 +354,28 @@ TEST_F(SchedulerTest, PrefixCacheReusesASharedSystemPrompt) {
   EXPECT_EQ(r3->tokens[0], r1->tokens[0]);
 }
 
+TEST_F(SchedulerTest, PrefixCacheIsBoundedLeastRecentlyUsed) {
+  SchedulerOptions o = small_options();
+  o.prefix_cache_blocks = 3;
+  Scheduler s(*model_, *tokenizer_, o);
+  const auto a = prompt(30, 1), b = prompt(40, 2);  // 3 and 5 full blocks
+  auto run = [&](const std::vector<TokenId>& p) {
+    auto rec = std::make_shared<Recorder>();
+    s.submit(greedy(p, 3), rec);
+    EXPECT_TRUE(rec->wait());
+    return rec;
+  };
+  run(a);
+  EXPECT_EQ(s.stats().prefix_cache_blocks, 3);
+  EXPECT_EQ(run(a)->cached_tokens, 24);
+  run(b);  // evicts a's blocks; b's first three stay (a deeper block is useless without its parents)
+  EXPECT_EQ(s.stats().prefix_cache_blocks, 3);
+  EXPECT_EQ(run(b)->cached_tokens, 24);
+  auto again = run(a);
+  EXPECT_EQ(again->cached_tokens, 0);
+  EXPECT_EQ(again->tokens[0], solo(greedy(a, 3))->tokens[0]);
+}
+
 TEST_F(SchedulerTest, PrefixBlocksOfACancelledPrefillAreKept) {
   SchedulerOptions o = small_options();
   o.step_token_budget = 8;
@@ -549,6 +572,36 @@ TEST_F(SchedulerTest, FastPathRequestsEqualSoloRuns) {
   }
 }
 
+TEST_F(SchedulerTest, GrammarConstrainsTheOutput) {
+  const std::vector<std::string> choices = {"the cat sat", "a dog ran on the mat", "naïve café"};
+  for (bool samp : {false, true}) {
+    SequenceRequest r = samp ? sampled(prompt(7, 12), 30, 8) : greedy(prompt(7, 12), 30);
+    r.stop_at_eos = true;
+    r.grammar = Grammar::choices(choices);
+    r.n = 2;
+    Scheduler s(*model_, *tokenizer_, small_options());
+    auto rec = std::make_shared<Recorder>(2);
+    s.submit(r, rec);
+    ASSERT_TRUE(rec->wait());
+    ASSERT_TRUE(rec->error.empty()) << rec->error;
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_NE(std::find(choices.begin(), choices.end(), rec->texts[i]), choices.end()) << "'" << rec->texts[i] << "'";
+      EXPECT_EQ(rec->reasons[i], "stop");
+      EXPECT_EQ(rec->streamed[i], rec->texts[i]);
+    }
+  }
+  // A regex under a short budget: forcing still completes it.
+  SequenceRequest r = sampled(prompt(5, 13), 6, 9);
+  r.grammar = Grammar::regex("[a-z]+ (cat|dog)");
+  auto rec = solo(r);
+  ASSERT_TRUE(rec->error.empty()) << rec->error;
+  EXPECT_LE(rec->tokens[0].size(), 6u);
+  const std::string& t = rec->texts[0];
+  const size_t sp = t.find(' ');
+  ASSERT_NE(sp, std::string::npos) << t;
+  EXPECT_TRUE(t.substr(sp) == " cat" || t.substr(sp) == " dog") << t;
+}
+
 TEST_F(SchedulerTest, ObserverExceptionsDoNotStopOthers) {
   struct Thrower : Recorder {
     void on_token(int, TokenId, const std::string&, const TokenLogprob*, const std::vector<TokenLogprob>*) override {
@@ -620,34 +673,73 @@ TEST_F(SchedulerTest, BadRequestsAndOptionsAreValueErrors) {
   EXPECT_THROW(Scheduler(*model_, *tokenizer_, o), ValueError);
 }
 
-// Throughput figure, not a test of speed: 64 concurrent greedy requests of 64 new tokens on a
-// `tiny`-shaped random model (bf16 fast path), 64 slots. Run with --gtest_also_run_disabled_tests.
-TEST_F(SchedulerTest, DISABLED_ThroughputTinyShape) {
+// A vocabulary of `n` one-byte tokens: lets the throughput run use the `tiny` shape's full
+// 16,384-entry LM head (the sampler and the fused argmax stop at the tokenizer's vocabulary).
+class WideTokenizer : public Tokenizer {
+ public:
+  explicit WideTokenizer(size_t n) : n_(n) {}
+  std::vector<TokenId> encode(std::string_view, const EncodeOptions&) const override { return {}; }
+  void encode_append(std::string_view, const EncodeOptions&, std::vector<TokenId>&) const override {}
+  std::string decode(std::span<const TokenId> ids, bool) const override { return std::string(ids.size(), 'a'); }
+  std::string_view token_bytes(TokenId) const override { return "a"; }
+  bool is_special(TokenId) const override { return false; }
+  size_t vocab_size() const override { return n_; }
+  std::optional<TokenId> token_to_id(std::string_view) const override { return std::nullopt; }
+  std::string describe() const override { return "wide test vocabulary"; }
+
+ private:
+  size_t n_;
+};
+
+// Throughput figure, not a test of speed: 64 concurrent greedy requests (16-token prompts) of 64
+// new tokens on a `tiny`-shaped random model (bf16 fast path), 64 slots. Run with
+// --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'.
+TEST(SchedulerBench, DISABLED_ThroughputTinyShape) {
   model::ModelConfig c = model::ModelConfig::preset("tiny");
-  c.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
-  const int64_t vocab_env = 16384;
-  c.vocab_size = std::max<int64_t>(c.vocab_size, vocab_env);  // the tiny shape's LM head
   model::Decoder d(c);
   d.init_weights(5);
   d.prepare_inference();
-  SchedulerOptions o;
-  o.slots = 64;
-  o.context = 512;
-  Scheduler s(d, *tokenizer_, o);
-  std::vector<std::shared_ptr<Recorder>> got;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 64; ++i) {
-    got.push_back(std::make_shared<Recorder>());
-    s.submit(greedy(prompt(16, 900 + i), 64), got.back());
+  WideTokenizer tok(static_cast<size_t>(c.vocab_size));
+  {
+    // The yardstick: the same 64 prompts as one TextGenerator batch (no arrivals, no scheduling).
+    std::vector<std::vector<TokenId>> prompts;
+    for (int i = 0; i < 64; ++i) {
+      prompts.emplace_back();
+      for (int64_t id : testing::random_ids(16, c.vocab_size, 900 + i)) prompts.back().push_back(static_cast<TokenId>(id));
+    }
+    TextGenerator gen(d, tok);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto out = gen.generate_ids(prompts, testing::greedy_options(64));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << "[ generator ] the same 64 prompts as one batch: " << 64 * 64 / secs << " generated tok/s (decode only "
+              << out[0].decode_tok_s << ")\n";
   }
-  int64_t tokens = 0;
-  for (auto& g : got) {
-    ASSERT_TRUE(g->wait(600s));
-    tokens += static_cast<int64_t>(g->tokens[0].size());
+  for (int64_t slots : {64, 16}) {
+    SchedulerOptions o;
+    o.slots = slots;
+    o.context = 512;
+    Scheduler s(d, tok, o);
+    std::vector<std::shared_ptr<Recorder>> got;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 64; ++i) {
+      SequenceRequest r;
+      for (int64_t id : testing::random_ids(16, c.vocab_size, 900 + i)) r.prompt.push_back(static_cast<TokenId>(id));
+      r.max_new_tokens = 64;
+      r.sampling.greedy = true;
+      r.stop_at_eos = false;
+      got.push_back(std::make_shared<Recorder>());
+      s.submit(r, got.back());
+    }
+    int64_t tokens = 0;
+    for (auto& g : got) {
+      ASSERT_TRUE(g->wait(600s));
+      tokens += static_cast<int64_t>(g->tokens[0].size());
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << "[ scheduler ] 64 requests x 64 greedy tokens (16-token prompts), tiny shape bf16, " << slots
+              << " slots: " << tokens << " tokens in " << secs << " s = " << tokens / secs << " generated tok/s ("
+              << s.stats().steps << " steps)\n";
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << "[ scheduler ] 64 requests x 64 greedy tokens, tiny shape, 64 slots: " << tokens << " tokens in "
-            << secs << " s = " << tokens / secs << " tok/s (steps " << s.stats().steps << ")\n";
 }
 
 }  // namespace
