@@ -340,3 +340,105 @@ TEST(ServeOptionsTest, ValidationAndIds) {
 
 }  // namespace
 }  // namespace corelm::serve
+
+namespace corelm::serve {
+namespace {
+
+// Concurrent requests through HTTP give each the tokens it gets alone (batch invariance).
+TEST_F(ServeTest, ConcurrentRequestsMatchSoloRuns) {
+  std::vector<json> bodies;
+  for (int i = 0; i < 6; ++i)
+    bodies.push_back({{"prompt", std::string("the ") + (i % 2 ? "cat sat" : "river rose") + std::string(i, '!')},
+                      {"max_tokens", 12}, {"temperature", i < 3 ? 0.0 : 1.0}, {"seed", 100 + i}, {"logit_bias", no_eos()}});
+  std::vector<std::string> solo;
+  for (const auto& b : bodies) solo.push_back(post("/v1/completions", b).second["choices"][0]["text"]);
+  std::vector<std::string> together(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i)
+    threads.emplace_back([&, i] { together[i] = post("/v1/completions", bodies[i]).second["choices"][0]["text"]; });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(together[i], solo[i]) << i;
+}
+
+// --models-dir: every model listed, loaded on first use, at most --max-loaded held.
+TEST(ServeModelsDir, LazyLoadAndLruBound) {
+  const fs::path root = fs::temp_directory_path() / ("corelm_serve_dir_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  testing::make_model_dir(root / "models" / "alpha", {}, 1);
+  testing::make_model_dir(root / "models" / "beta", {}, 2);
+  fs::create_directories(root / "models" / "not-a-model");
+  ServeOptions o;
+  o.models_dir = (root / "models").string();
+  o.max_loaded = 1;
+  o.port = 0;
+  o.slots = 2;
+  Server server(o);
+  const int port = server.bind();
+  std::thread t([&] { server.serve(); });
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(20, 0);
+  auto status_of = [&](const std::string& id) {
+    auto r = c.Get("/v1/models");
+    const json list = json::parse(r->body);
+    for (const auto& m : list["data"])
+      if (m["id"] == id) return m["status"].get<std::string>();
+    return std::string("absent");
+  };
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);  // nothing to load at start
+  EXPECT_EQ(status_of("alpha"), "unloaded");
+  EXPECT_EQ(status_of("beta"), "unloaded");
+  EXPECT_EQ(status_of("not-a-model"), "absent");
+  auto ra = c.Post("/v1/completions", json({{"model", "alpha"}, {"prompt", "the"}, {"max_tokens", 2}}).dump(), "application/json");
+  ASSERT_TRUE(ra);
+  EXPECT_EQ(ra->status, 200) << ra->body;
+  EXPECT_EQ(status_of("alpha"), "loaded");
+  auto rb = c.Post("/v1/completions", json({{"model", "beta"}, {"prompt", "the"}, {"max_tokens", 2}}).dump(), "application/json");
+  ASSERT_TRUE(rb);
+  EXPECT_EQ(rb->status, 200) << rb->body;
+  EXPECT_EQ(status_of("beta"), "loaded");
+  EXPECT_EQ(status_of("alpha"), "unloaded");  // the LRU bound of 1
+  auto rn = c.Post("/v1/completions", json({{"prompt", "the"}}).dump(), "application/json");
+  ASSERT_TRUE(rn);
+  EXPECT_EQ(rn->status, 400);  // two models: "model" is required
+  server.shutdown();
+  t.join();
+  fs::remove_all(root);
+}
+
+// A --model that fails to load: /health says so (503 with the error), requests get 500.
+TEST(ServeStartup, BrokenModelIsReportedNotFatal) {
+  const fs::path root = fs::temp_directory_path() / ("corelm_serve_broken_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  testing::make_model_dir(root / "broken");
+  { std::ofstream(root / "broken" / "model.safetensors", std::ios::trunc) << "garbage"; }
+  ServeOptions o;
+  o.models = {(root / "broken").string()};
+  o.port = 0;
+  Server server(o);
+  const int port = server.bind();
+  std::thread t([&] { server.serve(); });
+  httplib::Client c("127.0.0.1", port);
+  json health;
+  for (int i = 0; i < 200; ++i) {
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 503);
+    health = json::parse(h->body);
+    if (health["status"] == "error") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(health["status"], "error");
+  EXPECT_NE(health["error"].get<std::string>().find("model.safetensors"), std::string::npos) << health.dump();
+  auto r = c.Post("/v1/completions", R"({"prompt":"x"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "model_load_failed");
+  server.shutdown();
+  t.join();
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace corelm::serve
