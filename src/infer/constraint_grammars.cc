@@ -14,6 +14,7 @@ class RegexGrammar;
 
 class RegexState final : public StateImpl {
  public:
+  void walk(const VocabIndex& ix, void* ctx, TokenSink sink) const override { walk_trie(*this, ix, ctx, sink); }
   RegexState(const Regex& re, Regex::State s) : re_(re), s_(std::move(s)) {}
   std::unique_ptr<GrammarState> clone() const override { return std::make_unique<RegexState>(re_, s_); }
   void assign_from(const StateImpl& o) override { s_ = static_cast<const RegexState&>(o).s_; }
@@ -88,6 +89,7 @@ class ChoicesGrammar final : public Grammar {
 
 class ChoiceState final : public StateImpl {
  public:
+  void walk(const VocabIndex& ix, void* ctx, TokenSink sink) const override { walk_trie(*this, ix, ctx, sink); }
   ChoiceState(const ChoicesGrammar& g, int node) : g_(g), n_(node) {}
   std::unique_ptr<GrammarState> clone() const override { return std::make_unique<ChoiceState>(g_, n_); }
   void assign_from(const StateImpl& o) override { n_ = static_cast<const ChoiceState&>(o).n_; }
