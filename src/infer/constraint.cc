@@ -83,22 +83,30 @@ std::shared_ptr<const VocabIndex> build_index(const Tokenizer& tok) {
   return ix;
 }
 
+// The indexes of the last few tokenizers stay alive even when no constraint uses them (a server
+// creates one constraint per request; rebuilding the trie each time would cost milliseconds).
 std::shared_ptr<const VocabIndex> index_for(const Tokenizer& tok) {
+  constexpr size_t kKeep = 8;
   static std::mutex mu;
-  static std::map<const Tokenizer*, std::weak_ptr<const VocabIndex>> cache;
+  static std::vector<std::pair<const Tokenizer*, std::shared_ptr<const VocabIndex>>> recent;  // newest last
   const uint64_t fp = fingerprint_of(tok);
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (auto it = cache.begin(); it != cache.end();) it = it->second.expired() ? cache.erase(it) : std::next(it);
-    auto it = cache.find(&tok);
-    if (it != cache.end())
-      if (auto ix = it->second.lock(); ix && ix->vocab == tok.vocab_size() && ix->fingerprint == fp) return ix;
+    for (size_t i = 0; i < recent.size(); ++i)
+      if (recent[i].first == &tok && recent[i].second->vocab == tok.vocab_size() && recent[i].second->fingerprint == fp) {
+        auto hit = recent[i];
+        recent.erase(recent.begin() + static_cast<std::ptrdiff_t>(i));
+        recent.push_back(hit);
+        return hit.second;
+      }
   }
   // Built outside the lock (it takes a while on a large vocabulary); two threads racing build
   // it twice, harmlessly.
   auto ix = build_index(tok);
   std::lock_guard<std::mutex> lock(mu);
-  cache[&tok] = ix;
+  std::erase_if(recent, [&](const auto& e) { return e.first == &tok; });
+  recent.emplace_back(&tok, ix);
+  if (recent.size() > kKeep) recent.erase(recent.begin());
   return ix;
 }
 
