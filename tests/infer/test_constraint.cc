@@ -442,6 +442,18 @@ TEST_F(ConstraintTest, ForcingClosesTheObjectAtTheBudget) {
   }
 }
 
+TEST_F(ConstraintTest, BudgetBelowTheShortestCompletionIsBestEffort) {
+  // The schema's smallest instance is far longer than 2 tokens: nothing can fit, so mask() keeps
+  // the tokens that get closest rather than none, and the output ends incomplete.
+  TokenConstraint con(Grammar::json_schema(test_schema()), *tok_, {});
+  std::vector<float> logits(tok_->vocab_size(), 0.0f);
+  con.mask(logits, 2);
+  EXPECT_GT(std::count_if(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }), 0);
+  bool complete = true;
+  sample_constrained(con, *tok_, {}, 2, 3, complete);
+  EXPECT_FALSE(complete);
+}
+
 TEST_F(ConstraintTest, ConstraintsFromManyThreadsAgree) {
   std::vector<std::vector<float>> out(4);
   std::vector<std::thread> th;
