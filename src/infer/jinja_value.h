@@ -39,6 +39,8 @@ struct Value {
   static Value real(double x) { Value v; v.t = T::Float; v.f = x; return v; }
   static Value string(std::string x) { Value v; v.t = T::String; v.s = std::move(x); return v; }
   static Value of_list(List x) { Value v; v.t = T::List; v.list = std::make_shared<const List>(std::move(x)); return v; }
+  // A Python tuple: a List whose `b` is set, printed as (a, b) (dict.items() pairs, `(1, 2)`).
+  static Value tuple(List x) { Value v = of_list(std::move(x)); v.b = true; return v; }
   static Value of_dict(Dict x) { Value v; v.t = T::Dict; v.dict = std::make_shared<const Dict>(std::move(x)); return v; }
   static Value callable(std::string name) { return callable(std::move(name), Value()); }
   static Value callable(std::string name, Value self) {
@@ -78,5 +80,11 @@ std::vector<std::string> utf8_chars(const std::string& s);
 size_t space_at(const std::string& s, size_t i);
 size_t space_before(const std::string& s, size_t end);
 std::string py_strip(const std::string& s, bool left, bool right);
+// Python's str.upper() / str.lower() for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic
+// (and ß -> SS); other scripts are left unchanged. Invalid UTF-8 bytes pass through.
+std::string py_upper(const std::string& s);
+std::string py_lower(const std::string& s);
+// Python's str.isalpha / cased test for one UTF-8 character under the same coverage.
+bool py_cased(const std::string& ch);
 
 }  // namespace corelm::infer::jinja

@@ -124,6 +124,66 @@ def conversations():
     yield "custom-tokens", [U("hi"), A("yo")], True, {"bos_token": "[BOS]", "eos_token": "[EOS]"}
 
 
+# Small templates, one construct or corner each, rendered by both sides like the real ones.
+SNIPPETS = [
+    ("{{ x }}|{{ y }}|{{ z }}|{{ w }}", {"x": 1.0, "y": 1e16, "z": 1.5e-5, "w": 123.456}),
+    ("{{ [0.1, 2.0, -0.0, 1e-4, 12345678901234567890.0] }}", {}),
+    ("{{ ['it\\'s', 'say \"hi\"', 'both \\' \"', 'nl\\n', 'tab\\t', '\\x01'] }}", {}),
+    ("{{ {'a': none, 'b': true, 'c': [1, {'d': 'e'}]} }}", {}),
+    ("{{ 7 / 2 }} {{ 6 / 3 }} {{ -7 // 2 }} {{ 7.5 // 2 }} {{ -7.5 % 2 }} {{ 2 ** -1 }} {{ 10 % -3 }}", {}),
+    ("{{ 'abc'[1:] }}{{ 'abc'[-1] }}{{ 'héllo wörld'[::-2] }}{{ [1,2,3,4][1:-1] }}{{ [1,2,3][5:] }}", {}),
+    ("{% for x in xs %}{{ loop.index }}/{{ loop.revindex0 }}{{ ',' if not loop.last }}{% endfor %}", {"xs": "abcd"}),
+    ("{% for a, b in pairs %}{{ a }}={{ b }} {% else %}none{% endfor %}", {"pairs": [[1, 2], ["x", None]]}),
+    ("{% for x in [] %}{% else %}empty{% endfor %}|{% for k in d %}{{ k }}{% endfor %}", {"d": {"z": 1, "a": 2}}),
+    ("{% set ns = namespace(a=[]) %}{% for x in [1,2] %}{% set ns.a = ns.a + [x] %}{% endfor %}{{ ns.a }}", {}),
+    ("{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}", {}),
+    ("{% if a is defined and a %}A{% elif b is not none %}B{% else %}C{% endif %}", {"b": 0}),
+    ("{{ none is none }}{{ x is string }}{{ 3 is odd }}{{ x is mapping }}{{ l is iterable }}{{ l is sequence }}", {"x": "s", "l": [1]}),
+    ("{{ '  Hello World  ' | trim | lower }}|{{ 'hello big world' | title }}|{{ 'hELLO' | capitalize }}", {}),
+    ("{{ xs | length }}{{ xs | first }}{{ xs | last }}{{ xs | join('-') }}{{ xs | reverse | list }}", {"xs": ["a", "b", "c"]}),
+    ("{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ d | tojson(sort_keys=true) }}", {"d": {"z": [1, 2.5, None, True], "a": "é\"\n\u2028<&>'", "e": {}, "l": []}}),
+    ("{{ s | tojson(ensure_ascii=true) }}{{ 'x' | tojson }}{{ 3 | tojson }}{{ none | tojson }}", {"s": "é😀\u0001"}),
+    ("{{ d.items() | list }}{{ d.keys() | list }}{{ d.values() | list }}{{ d.get('q', 'dflt') }}{{ d | items | list }}", {"d": {"b": 1, "a": 2}}),
+    ("{{ ' a b  c '.split() }}{{ 'a,b,,c'.split(',') }}{{ 'a,b,c'.split(',', 1) }}{{ 'x'.split('x') }}", {}),
+    ("{{ '--a--'.strip('-') }}{{ '  a  '.lstrip() }}|{{ '  a  '.rstrip() }}|{{ 'abc'.startswith('a') }}{{ 'abc'.endswith(('x','c')) }}", {}),
+    ("{{ 'a-b-c'.replace('-', '+', 1) }}{{ 'aaa' | replace('a', 'bb') }}{{ 'Hi There'.upper() }}{{ 'Hi'.lower() }}", {}),
+    ("{{ x | default('d') }}{{ '' | default('e', true) }}{{ none | default('f') }}{{ 0 | default('g', boolean=true) }}", {}),
+    ("{{ '5' | int + 1 }}{{ '2.7' | int }}{{ 'x' | int(7) }}{{ 3 | float }}{{ '1e3' | float }}{{ 4.9 | int }}", {}),
+    ("{{ users | selectattr('active') | map(attribute='name') | join(',') }}|{{ users | rejectattr('active') | list | length }}",
+     {"users": [{"name": "a", "active": True}, {"name": "b", "active": False}, {"name": "c", "active": 1}]}),
+    ("{{ msgs | selectattr('role', 'equalto', 'user') | list | length }}{{ [1,2,3,4] | select('even') | list }}{{ [1,2,3] | reject('odd') | list }}",
+     {"msgs": [{"role": "user"}, {"role": "assistant"}, {"role": "user"}]}),
+    ("{{ [3,1,2] | sort }}{{ ['b','a'] | sort(reverse=true) }}{{ [1,1,2] | unique | list }}{{ [1,2,3] | sum }}{{ [4,2,8] | min }}{{ [4,2,8] | max }}", {}),
+    ("{{ 'a\nb\n\nc' | indent }}|{{ 'a\nb' | indent(2, first=true) }}|{{ 'x\n\ny' | indent(1, blank=true) }}|{{ 'a\n' | indent(2) }}", {}),
+    ("{{ 1 if true }}{{ 2 if false }}|{{ 'a' ~ none ~ 1 ~ [1] }}|{{ 'x' * 3 }}{{ [0] * 2 }}", {}),
+    ("{{ 'ab' in 'xaby' }}{{ 1 in [1.0] }}{{ 'k' in d }}{{ 'z' not in d }}{{ true == 1 }}{{ [1,2] == [1,2] }}{{ 'a' < 'b' }}", {"d": {"k": 1}}),
+    ("{{ nope }}|{{ d.missing }}|{{ d['missing'] | default('m') }}|{{ nope | length }}|{{ nope is defined }}", {"d": {}}),
+    ("{% for m in msgs if m.role != 'system' %}{{ loop.index }}{{ m.role }}{% endfor %}", {"msgs": [{"role": "system"}, {"role": "user"}, {"role": "assistant"}]}),
+    ("{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}", {}),
+    ("{% for i in range(2) %}{% for j in range(2) %}{{ loop.index }}{% endfor %}{{ loop.index }};{% endfor %}", {}),
+    ("{% for x in xs %}{{ loop.cycle('a', 'b') }}{{ loop.previtem | default('^') }}{{ loop.nextitem | default('$') }} {% endfor %}", {"xs": [1, 2, 3]}),
+    ("{% set a, b = 'xy' %}{{ b }}{{ a }}{% set t = (1, 2) %}{{ t }}{% set c %}cap{{ 1 }}{% endset %}{{ c | upper }}", {}),
+    ("a\n  {% if true %}\n  b\n  {% endif %}\n  c\n{# comment #}\nd  {#- trim -#}  e\n{%- if true %} f {% endif -%}\n g", {}),
+    ("  {%+ if true %}keep{% endif %}\n{{- ' v ' -}}\n  {% raw_not_a_tag = 1 if false else 2 %}", None),
+    ("line1\r\nline2\rline3\n", {}),
+    ("{{ \"a\\u00e9\\x41\\101\\q\" }}{{ 'a' 'b' \"c\" }}", {}),
+    ("{{ 9223372036854775807 }}{{ -1 | abs }}{{ 2.5 | round }}{{ 3.14159 | round(2) }}{{ 7 | round(method='floor') }}", {}),
+    ("{{ raise_exception('custom failure: ' ~ 42) }}", {}),
+    ("{{ x.y.z }}", {}),
+    ("{{ 1 + 'a' }}", {}),
+    ("{% for x in 5 %}{% endfor %}", {}),
+    ("{{ [1,2][0:1:0] }}", {}),
+    ("{{ d | tojson }}", {"d": {"f": float("1e300"), "g": 0.1, "h": -2}}),
+    ("{{ 'héllo' | length }}{{ 'héllo' | upper }}{{ 'x' | center(5) if false else 'no-center' }}", {}),
+    ("{% generation %}in generation{% endgeneration %}", {}),
+    ("{{ s | upper }}|{{ s | lower }}|{{ s | title }}|{{ s | capitalize }}|{{ s.title() }}|{{ s is lower }}{{ 'ÀB' is upper }}",
+     {"s": "àéîõüÿ ĀăĹľŸžſ αβγΣςάέ абвЁё straße µ x-y(z) 中文"}),
+    ("{{ 'x' | center(6) }}|{{ 'ab' | center(7) }}|{{ 'é' | center(4) }}", {}),
+    ("{{ [1, 2, 3] | map('string') | join }}{{ ['a', 'b'] | map('upper') | list }}", {}),
+    ("{{ tools | length if tools else 'no tools' }}{{ documents is none }}", {"tools": None, "documents": None}),
+]
+
+
 def render(env, source, context):
     try:
         return {"output": env.from_string(source).render(**context)}
@@ -156,6 +216,12 @@ def main(out):
             case = {"template": name, "conversation": conv, "source": source, "context": context}
             case.update(render(env, source, context))
             cases.append(case)
+    for k, (source, context) in enumerate(SNIPPETS):
+        if context is None:
+            continue  # documents a construct both sides reject at parse time; see the C++ unit tests
+        case = {"template": "<snippet>", "conversation": f"snippet {k}", "source": source, "context": context}
+        case.update(render(env, source, context))
+        cases.append(case)
     # strftime_now itself, compared on the C++ side against today's date.
     case = {"template": "<strftime_now>", "conversation": "strftime", "source": "{{ strftime_now('%d %b %Y') }}",
             "context": {}}

@@ -52,7 +52,7 @@ TEST(ChatTemplateOracle, RealTemplatesRenderLikeJinja2) {
   std::map<std::string, int> checked, raised;
   for (const auto& c : data.at("cases")) {
     const std::string name = c.at("template").get<std::string>();
-    if (name.front() == '<') continue;  // strftime_now: its own test
+    if (name.front() == '<') continue;  // strftime_now and the construct snippets: their own tests
     const std::string source = read_text(dir / name);
     ASSERT_EQ(source, c.at("source").get<std::string>())
         << name << " changed since the fixture was made: delete " << CORELM_BINARY_DIR << "/oracle/chat_templates.json";
@@ -81,6 +81,31 @@ TEST(ChatTemplateOracle, RealTemplatesRenderLikeJinja2) {
     EXPECT_GE(checked[t], 15) << t;
   EXPECT_GE(raised["google-gemma-2-2b-it.jinja"], 3);
   EXPECT_GE(raised["mistralai-Mistral-7B-Instruct-v0.2.jinja"], 3);
+}
+
+TEST(ChatTemplateOracle, ConstructSnippetsRenderLikeJinja2) {
+  const Fixture& fx = fixture();
+  CORELM_REQUIRE_FIXTURE(fx);
+  const ojson data = ojson::parse(read_text(fs::path(CORELM_BINARY_DIR) / "oracle" / "chat_templates.json"));
+  int n = 0;
+  for (const auto& c : data.at("cases")) {
+    if (c.at("template") != "<snippet>") continue;
+    ++n;
+    const std::string source = c.at("source").get<std::string>();
+    std::string error;
+    const std::string got = ours(source, c.at("context"), error);
+    if (c.contains("output")) {
+      EXPECT_EQ(error, "") << source;
+      EXPECT_EQ(got, c.at("output").get<std::string>()) << source;
+    } else {
+      EXPECT_NE(error, "") << source << ": jinja2 raised " << c.at("error") << " (" << c.at("message") << "), ours rendered "
+                           << got;
+      if (c.at("error") == "raise_exception") {
+        EXPECT_TRUE(error.ends_with(c.at("message").get<std::string>())) << error;
+      }
+    }
+  }
+  EXPECT_GE(n, 40);
 }
 
 TEST(ChatTemplateOracle, QwenToolsBranchIsExercised) {
