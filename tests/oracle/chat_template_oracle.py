@@ -28,6 +28,8 @@ except ImportError:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(HERE, "..", "data", "chat_templates")
+# Optional: the templates of the shared data's tokenizer_config.json files (Llama 3, Qwen3).
+SHARED_TOKENIZERS = os.path.join(HERE, "..", "..", "..", "shared", "data", "tokenizers")
 
 
 class GenerationTag(Extension):
@@ -198,13 +200,20 @@ def render(env, source, context):
 def main(out):
     env = environment()
     cases = []
+    sources = []
     for name in sorted(os.listdir(TEMPLATES)):
-        if not name.endswith(".jinja"):
-            continue
-        with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
-            source = f.read()
-        family = name.split("-")[0]
-        bos, eos = TOKENS.get(family, ("", ""))
+        if name.endswith(".jinja"):
+            with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
+                source = f.read()
+            sources.append((name, source) + TOKENS.get(name.split("-")[0], ("", "")))
+    for tok in ("llama3", "qwen3"):
+        path = os.path.join(SHARED_TOKENIZERS, tok, "tokenizer_config.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                cfg = json.load(f)
+            if isinstance(cfg.get("chat_template"), str):
+                sources.append((f"shared/{tok}", cfg["chat_template"], cfg.get("bos_token") or "", cfg.get("eos_token") or ""))
+    for name, source, bos, eos in sources:
         for conv, messages, gen, extra in conversations():
             context = {"messages": messages, "tools": None, "documents": None, "add_generation_prompt": gen,
                        "bos_token": bos, "eos_token": eos, "unk_token": "<unk>", "pad_token": None}

@@ -52,7 +52,7 @@ TEST(ChatTemplateOracle, RealTemplatesRenderLikeJinja2) {
   std::map<std::string, int> checked, raised;
   for (const auto& c : data.at("cases")) {
     const std::string name = c.at("template").get<std::string>();
-    if (name.front() == '<') continue;  // strftime_now and the construct snippets: their own tests
+    if (name.front() == '<' || name.starts_with("shared/")) continue;  // their own tests below
     const std::string source = read_text(dir / name);
     ASSERT_EQ(source, c.at("source").get<std::string>())
         << name << " changed since the fixture was made: delete " << CORELM_BINARY_DIR << "/oracle/chat_templates.json";
@@ -106,6 +106,30 @@ TEST(ChatTemplateOracle, ConstructSnippetsRenderLikeJinja2) {
     }
   }
   EXPECT_GE(n, 40);
+}
+
+// The templates of the shared data's tokenizer_config.json files (Llama 3, Qwen3 with its
+// reasoning-content handling), when the shared data is there.
+TEST(ChatTemplateOracle, SharedDataTemplatesRenderLikeJinja2) {
+  const Fixture& fx = fixture();
+  CORELM_REQUIRE_FIXTURE(fx);
+  const ojson data = ojson::parse(read_text(fs::path(CORELM_BINARY_DIR) / "oracle" / "chat_templates.json"));
+  int n = 0;
+  for (const auto& c : data.at("cases")) {
+    const std::string name = c.at("template").get<std::string>();
+    if (!name.starts_with("shared/")) continue;
+    ++n;
+    const std::string where = name + " / " + c.at("conversation").get<std::string>();
+    std::string error;
+    const std::string got = ours(c.at("source").get<std::string>(), c.at("context"), error);
+    if (c.contains("output")) {
+      EXPECT_EQ(error, "") << where;
+      EXPECT_EQ(got, c.at("output").get<std::string>()) << where;
+    } else {
+      EXPECT_NE(error, "") << where << ": jinja2 raised " << c.at("message");
+    }
+  }
+  if (n == 0) GTEST_SKIP() << "no ../shared/data/tokenizers/*/tokenizer_config.json (shared data absent)";
 }
 
 TEST(ChatTemplateOracle, QwenToolsBranchIsExercised) {
