@@ -132,6 +132,19 @@ TEST(ChatTemplateLoad, MalformedFieldsAreFormatErrorsNamingTheField) {
   }
 }
 
+TEST(ChatTemplateLoad, GgufTemplateOfTheWrongTypeIsAFormatError) {
+  Scratch s;
+  const Checkpoint hf = model::load_model(model_folder(s, nullptr));
+  io::save_gguf_model(s / "bad.gguf", hf.model.decoder.config().to_json(), hf.model.decoder.named_parameters(),
+                      io::GGMLType::F32, {{"tokenizer.chat_template", io::GGUFValue::of(io::GGUFType::Uint32, 7)}});
+  try {
+    model::load_model(s / "bad.gguf", {true, "", "f32", false});
+    ADD_FAILURE() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.chat_template"), std::string::npos) << e.what();
+  }
+}
+
 // folder -> GGUF (tokenizer.chat_template) -> folder (tokenizer_config.json) -> the same template.
 TEST(ChatTemplateRoundTrip, FolderToGgufToFolderKeepsTheTemplate) {
   Scratch s;
