@@ -168,7 +168,7 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
 
 void to_json(const Value& v, const JsonStyle& st, int level, std::string& out, Pos p) {
   if (out.size() > Limits::kMaxOutputBytes) fail(p, "tojson: output larger than the render limit");
-  if (level > Limits::kMaxNesting) fail(p, "tojson: value nested too deeply");
+  if (level > 1024) fail(p, "tojson: value nested too deeply");
   auto newline = [&](int lv) {
     if (!st.indent) return;
     out += '\n';
@@ -330,8 +330,26 @@ class Renderer {
     return Flow::Normal;
   }
 
+  // A stored value may not nest without bound (`{% set x = [x] %}` in a loop), and a namespace
+  // may not end up inside a namespace (a reference cycle).
+  static void check_storable(const Value& v, Pos p) {
+    if (v.depth > kMaxValueDepth)
+      fail(p, "value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  }
+  static bool holds_namespace(const Value& v) {
+    if (v.t == Value::T::Namespace) return true;
+    if (v.t == Value::T::Callable) return v.self && holds_namespace(*v.self);
+    if (v.t == Value::T::List) return std::any_of(v.list->begin(), v.list->end(), holds_namespace);
+    if (v.t == Value::T::Dict)
+      return std::any_of(v.dict->begin(), v.dict->end(), [](const auto& kv) { return holds_namespace(kv.second); });
+    return false;
+  }
+
   void assign(const Node& n, Value v) {
+    check_storable(v, n.pos);
     if (!n.attr.empty()) {
+      if (holds_namespace(v))
+        fail(n.pos, "unsupported construct: storing a namespace inside namespace attribute '" + n.attr + "'");
       const Value* ns = lookup(n.targets[0]);
       if (!ns || ns->t != Value::T::Namespace)
         fail(n.pos, "cannot assign attribute '" + n.attr + "' on " + (ns ? "a " + type_name(*ns) : "undefined '" + n.targets[0] + "'") +

@@ -6,6 +6,8 @@
 
 #include "infer/jinja_value.h"
 
+#include "corelm/chat_template.h"
+
 namespace corelm::infer::jinja {
 
 const Value* Value::find(const std::string& key) const {
@@ -18,7 +20,10 @@ const Value* Value::find(const std::string& key) const {
 
 namespace {
 template <class J>
-Value from_json_impl(const J& j) {
+Value from_json_impl(const J& j, uint32_t depth = 0) {
+  if (depth > kMaxValueDepth)
+    throw TemplateError("chat template: the context nests lists/objects deeper than " + std::to_string(kMaxValueDepth) +
+                        " levels");
   switch (j.type()) {
     case J::value_t::null: return Value::none();
     case J::value_t::boolean: return Value::boolean(j.template get<bool>());
@@ -32,13 +37,13 @@ Value from_json_impl(const J& j) {
     case J::value_t::array: {
       List l;
       l.reserve(j.size());
-      for (const auto& e : j) l.push_back(from_json_impl(e));
+      for (const auto& e : j) l.push_back(from_json_impl(e, depth + 1));
       return Value::of_list(std::move(l));
     }
     case J::value_t::object: {
       Dict d;
       d.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json_impl(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json_impl(it.value(), depth + 1));
       return Value::of_dict(std::move(d));
     }
     default: return Value::none();
