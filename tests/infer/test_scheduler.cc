@@ -714,7 +714,11 @@ TEST(SchedulerBench, DISABLED_ThroughputTinyShape) {
     std::cout << "[ generator ] the same 64 prompts as one batch: " << 64 * 64 / secs << " generated tok/s (decode only "
               << out[0].decode_tok_s << ")\n";
   }
-  for (auto [slots, temperature] : {std::pair<int64_t, float>{64, 0.0f}, {16, 0.0f}, {64, 0.8f}}) {
+  struct Load {
+    int64_t slots;
+    float temperature, top_p;
+  };
+  for (auto [slots, temperature, top_p] : {Load{64, 0.0f, 1.0f}, Load{16, 0.0f, 1.0f}, Load{64, 1.0f, 1.0f}, Load{64, 0.8f, 0.95f}}) {
     SchedulerOptions o;
     o.slots = slots;
     o.context = 512;
@@ -726,7 +730,7 @@ TEST(SchedulerBench, DISABLED_ThroughputTinyShape) {
       for (int64_t id : testing::random_ids(16, c.vocab_size, 900 + i)) r.prompt.push_back(static_cast<TokenId>(id));
       r.max_new_tokens = 64;
       r.sampling.temperature = temperature;  // 0: greedy
-      r.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
+      r.sampling.top_p = top_p;
       r.seed = static_cast<uint64_t>(i);
       r.stop_at_eos = false;
       got.push_back(std::make_shared<Recorder>());
@@ -739,7 +743,7 @@ TEST(SchedulerBench, DISABLED_ThroughputTinyShape) {
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cout << "[ scheduler ] 64 requests x 64 tokens (16-token prompts), tiny shape bf16, "
-              << (temperature > 0 ? "temperature 0.8 top_p 0.95, " : "greedy, ") << slots
+              << (temperature > 0 ? "temperature " + std::to_string(temperature) + " top_p " + std::to_string(top_p) + ", " : std::string("greedy, ")) << slots
               << " slots: " << tokens << " tokens in " << secs << " s = " << tokens / secs << " generated tok/s ("
               << s.stats().steps << " steps)\n";
   }
