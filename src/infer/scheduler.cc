@@ -315,7 +315,11 @@ struct Scheduler::Impl {
         auto s = std::make_unique<Seq>(i, req.sampling, req.seed + static_cast<uint64_t>(i), req.prompt, tok, req.stop,
                                        allowed_vocab);
         s->owner = &r;
-        if (req.grammar) s->constraint.emplace(req.grammar, tok, r.eos);
+        // The other choices clone the first one's constraint (shares its vocabulary index and masks).
+        if (req.grammar) {
+          if (i == 0) s->constraint.emplace(req.grammar, tok, r.eos);
+          else s->constraint.emplace(r.seqs[0]->constraint->clone());
+        }
         r.seqs.push_back(std::move(s));
       }
     } catch (const std::exception& e) {

@@ -602,6 +602,57 @@ TEST_F(SchedulerTest, GrammarConstrainsTheOutput) {
   EXPECT_TRUE(t.substr(sp) == " cat" || t.substr(sp) == " dog") << t;
 }
 
+// A grammar that fails: in start() (at admission) or after `budget` bytes (mid-decode).
+class FailingGrammar : public Grammar {
+ public:
+  FailingGrammar(bool in_start, int budget) : in_start_(in_start), budget_(budget) {}
+  std::unique_ptr<GrammarState> start() const override {
+    if (in_start_) throw std::runtime_error("grammar start failed");
+    return std::make_unique<State>(budget_);
+  }
+  std::string describe() const override { return "failing"; }
+
+ private:
+  struct State : GrammarState {
+    explicit State(int n) : left(n) {}
+    std::unique_ptr<GrammarState> clone() const override { return std::make_unique<State>(left); }
+    bool advance(std::string_view bytes) override {
+      left -= static_cast<int>(bytes.size());
+      if (left < 0) throw std::runtime_error("grammar state failed");
+      return true;
+    }
+    bool accepts() const override { return false; }
+    bool can_continue() const override { return true; }
+    int64_t min_bytes_to_accept() const override { return 1; }
+    void next_bytes(bool out[256]) const override { std::fill(out, out + 256, true); }
+    int left;
+  };
+  bool in_start_;
+  int budget_;
+};
+
+TEST_F(SchedulerTest, ARequestThatFailsGetsOnErrorAndOthersGoOn) {
+  Scheduler s(*model_, *tokenizer_, small_options());
+  const SequenceRequest ok = greedy(prompt(6, 4), 10);
+  for (bool in_start : {true, false}) {
+    SequenceRequest bad = greedy(prompt(5, 3), 10);
+    bad.grammar = std::make_shared<FailingGrammar>(in_start, 4);
+    bad.n = 2;
+    auto b = std::make_shared<Recorder>(2);
+    auto g = std::make_shared<Recorder>();
+    s.submit(ok, g);
+    s.submit(bad, b);
+    ASSERT_TRUE(b->wait());
+    ASSERT_TRUE(g->wait());
+    EXPECT_NE(b->error.find("grammar"), std::string::npos) << b->error;
+    EXPECT_EQ(b->finished, 0) << "no on_finished after on_error";
+    EXPECT_EQ(g->tokens[0], solo(ok)->tokens[0]);
+    EXPECT_EQ(g->reasons[0], "length");
+  }
+  ASSERT_TRUE(s.drain(std::chrono::steady_clock::now() + 10s));
+  EXPECT_EQ(s.stats().slots_busy, 0);
+}
+
 TEST_F(SchedulerTest, ObserverExceptionsDoNotStopOthers) {
   struct Thrower : Recorder {
     void on_token(int, TokenId, const std::string&, const TokenLogprob*, const std::vector<TokenLogprob>*) override {
