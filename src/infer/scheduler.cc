@@ -452,7 +452,8 @@ struct Scheduler::Impl {
     // Prefill: chunks in admission order within the budget; the first chunk always runs so a
     // step full of decode rows cannot starve prefill.
     int64_t used = static_cast<int64_t>(rows.size());
-    std::map<std::pair<int64_t, bool>, std::vector<Request*>> groups;  // (chunk length, final) -> requests
+    std::map<int64_t, std::vector<Request*>> full;  // chunk length -> requests (not their last chunk)
+    std::vector<std::pair<int64_t, Request*>> last;  // (length, request): last chunks
     bool any = false;
     for (auto& rp : active) {
       Request& r = *rp;
@@ -463,11 +464,31 @@ struct Scheduler::Impl {
       if (any && used + len > opt.step_token_budget) break;
       any = true;
       used += len;
-      groups[{len, end == r.prompt_len}].push_back(&r);
+      if (end == r.prompt_len) last.emplace_back(len, &r);
+      else full[len].push_back(&r);
     }
-    for (auto& [key, reqs] : groups) {
+    for (auto& [len, reqs] : full) {
       worked = true;
-      prefill(reqs, key.first, key.second);
+      prefill(reqs, len, false);
+    }
+    // Last chunks have any length: they share a forward right-padded to the longest (padding is
+    // never attended to, the rows' lengths are set back), as long as the padding at most doubles
+    // the work and stays inside the slots' context.
+    std::stable_sort(last.begin(), last.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t i = 0; i < last.size();) {
+      const int64_t T = last[i].first;
+      std::vector<Request*> group{last[i].second};
+      int64_t real = T;
+      size_t j = i + 1;
+      for (; j < last.size(); ++j) {
+        const auto [len, r] = last[j];
+        if (static_cast<int64_t>(group.size() + 1) * T > 2 * (real + len) || r->pos + T > context) break;
+        group.push_back(r);
+        real += len;
+      }
+      worked = true;
+      prefill(group, T, true);
+      i = j;
     }
     if (worked) ++st.steps;
   }
@@ -528,9 +549,13 @@ struct Scheduler::Impl {
         [&](size_t i, const std::string& msg) { fail(*seqs[i]->owner, msg); });
   }
 
-  void prefill(const std::vector<Request*>& reqs, int64_t len, bool final) {
+  // One forward over the next chunk of each request, right-padded to `T` tokens; `final`: the
+  // requests' last chunks, whose last real positions give the first tokens' logits.
+  void prefill(const std::vector<Request*>& reqs, int64_t T, bool final) {
     std::vector<int64_t> prows;
     for (Request* r : reqs) prows.push_back(r->seqs[0]->slot);
+    const int64_t C = opt.prefill_chunk;
+    auto chunk_len = [&](const Request* r) { return std::min((r->pos / C + 1) * C, r->prompt_len) - r->pos; };
     guarded(
         prows, reqs.size(),
         [&](const std::vector<size_t>& only) {
@@ -538,19 +563,36 @@ struct Scheduler::Impl {
           if (only.empty()) sub = reqs;
           else sub = {reqs[only[0]]};
           const int64_t b = static_cast<int64_t>(sub.size());
-          std::vector<int64_t> rr(static_cast<size_t>(b));
-          ids.assign(static_cast<size_t>(b * len), 0);
+          const int64_t t = only.empty() ? T : chunk_len(sub[0]);
+          std::vector<int64_t> rr(static_cast<size_t>(b)), lens(static_cast<size_t>(b));
+          ids.assign(static_cast<size_t>(b * t), 0);
+          bool padded = false;
           for (int64_t i = 0; i < b; ++i) {
             rr[i] = sub[i]->seqs[0]->slot;
-            std::copy_n(sub[i]->req.prompt.begin() + sub[i]->pos, len, ids.begin() + i * len);
+            lens[i] = chunk_len(sub[i]);
+            padded = padded || lens[i] != t;
+            std::copy_n(sub[i]->req.prompt.begin() + sub[i]->pos, lens[i], ids.begin() + i * t);
           }
-          const Tensor chunk = Tensor::from_vector(ids, {b, len});
-          Tensor logits = decoder.forward_cached(chunk, *cache, rr, final ? model::Logits::Last : model::Logits::None);
-          if (final) logits = logits.contiguous();
+          const Tensor chunk = Tensor::from_vector(ids, {b, t});
+          Tensor logits;
+          if (!final) {
+            decoder.forward_cached(chunk, *cache, rr, model::Logits::None);
+          } else if (!padded) {
+            logits = decoder.forward_cached(chunk, *cache, rr, model::Logits::Last).contiguous();
+          } else {
+            // The LM head on each row's last real position: the same bits as Logits::Last.
+            const Tensor hidden = decoder.forward_cached(chunk, *cache, rr, model::Logits::None).contiguous();
+            const int64_t H = hidden.size(2);
+            Tensor at = Tensor::empty({b, H});
+            for (int64_t i = 0; i < b; ++i)
+              std::copy_n(hidden.data<float>() + (i * t + lens[i] - 1) * H, H, at.data<float>() + i * H);
+            logits = decoder.logits_from_hidden(at).contiguous();
+          }
           for (int64_t i = 0; i < b; ++i) {
             Request& r = *sub[i];
             try {
-              prefilled_chunk(r, len);
+              cache->set_length(rr[i], r.pos + lens[i]);  // forget the padding
+              prefilled_chunk(r, lens[i]);
               if (final) first_tokens(r, logits.data<float>() + i * vocab);
             } catch (const std::exception& e) {
               fail(r, e.what());

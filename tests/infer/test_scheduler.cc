@@ -254,6 +254,36 @@ TEST_F(SchedulerTest, StaggeredArrivalsEachEqualASoloRun) {
   }
 }
 
+TEST_F(SchedulerTest, LastChunksOfDifferentLengthsShareAPaddedForward) {
+  SchedulerOptions o = small_options();
+  o.slots = 5;
+  o.step_token_budget = 64;
+  for (bool fast : {false, true}) {
+    model::Decoder d(model_->config());
+    for (const auto& [name, t] : model_->named_parameters()) d.load_parameter(name, t);
+    if (fast) d.prepare_inference();
+    TextGenerator gen(d, *tokenizer_);
+    Scheduler s(d, *tokenizer_, o);
+    auto blocker = std::make_shared<Recorder>();
+    blocker->block_first_token = true;
+    s.submit(greedy(prompt(3, 1), 2), blocker);
+    std::this_thread::sleep_for(20ms);  // the loop now waits in the blocker's first token
+    std::vector<SequenceRequest> reqs;
+    std::vector<std::shared_ptr<Recorder>> got;
+    for (int64_t len : {5, 7, 4, 14}) {  // admitted together: last chunks of 5, 7, 4 and 6 tokens
+      reqs.push_back(len % 2 ? sampled(prompt(len, len), 8, 3) : greedy(prompt(len, len), 8));
+      got.push_back(std::make_shared<Recorder>());
+      s.submit(reqs.back(), got.back());
+    }
+    blocker->release();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(got[i]->wait());
+      EXPECT_EQ(got[i]->tokens[0], gen.generate_ids({reqs[i].prompt}, gen_options(reqs[i])).front().tokens)
+          << "request " << i << (fast ? " fast path" : " reference path");
+    }
+  }
+}
+
 TEST_F(SchedulerTest, SlotRecyclingServesMoreRequestsThanSlots) {
   SchedulerOptions o = small_options();
   o.slots = 3;
