@@ -27,6 +27,7 @@
 #include "corelm/generate.h"
 #include "corelm/model.h"
 #include "corelm/scheduler.h"
+#include "corelm/thread_pool.h"
 #include "corelm/tokenizer.h"
 
 namespace corelm::infer {
@@ -681,6 +682,38 @@ TEST_F(SchedulerTest, ARequestThatFailsGetsOnErrorAndOthersGoOn) {
   }
   ASSERT_TRUE(s.drain(std::chrono::steady_clock::now() + 10s));
   EXPECT_EQ(s.stats().slots_busy, 0);
+}
+
+TEST_F(SchedulerTest, RowsSampledOnSeveralThreadsEqualSoloRuns) {
+  std::vector<SequenceRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    reqs.push_back(sampled(prompt(4 + i, 200 + i), 10, 50 + i));
+    if (i % 3 == 1) reqs.back().top_logprobs = 3;
+    if (i % 3 == 2) reqs.back().frequency_penalty = 0.7f;
+  }
+  std::vector<std::shared_ptr<Recorder>> want;
+  for (const auto& r : reqs) want.push_back(solo(r));
+  const int before = num_threads();
+  set_num_threads(3);
+  {
+    SchedulerOptions o = small_options();
+    o.slots = 6;
+    o.step_token_budget = 64;
+    Scheduler s(*model_, *tokenizer_, o);
+    std::vector<std::shared_ptr<Recorder>> got;
+    for (const auto& r : reqs) {
+      got.push_back(std::make_shared<Recorder>());
+      s.submit(r, got.back());
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(got[i]->wait());
+      EXPECT_EQ(got[i]->tokens[0], want[i]->tokens[0]) << "request " << i;
+      ASSERT_EQ(got[i]->logprobs[0].size(), want[i]->logprobs[0].size());
+      for (size_t k = 0; k < got[i]->logprobs[0].size(); ++k)
+        EXPECT_EQ(got[i]->logprobs[0][k].logprob, want[i]->logprobs[0][k].logprob);
+    }
+  }
+  set_num_threads(before);
 }
 
 TEST_F(SchedulerTest, ObserverExceptionsDoNotStopOthers) {
