@@ -58,6 +58,17 @@ std::string model_id_for_path(const std::string& path) {
 
 namespace {
 
+// httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian built
+// the library): a burst of clients connecting at once overflows it and gets resets. listen()
+// on the already listening socket raises the backlog, so this subclass exposes the socket.
+class HttpServer : public httplib::Server {
+ public:
+  void raise_backlog(int backlog) {
+    const socket_t s = svr_sock_;
+    if (s != INVALID_SOCKET) ::listen(s, backlog);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Models
 
@@ -262,7 +273,7 @@ json bytes_of(const std::string& s) {
 
 struct Server::Impl {
   ServeOptions o;
-  httplib::Server http;
+  HttpServer http;
   Metrics metrics;
   int bound_port = -1;
   std::atomic<bool> draining{false};
@@ -946,6 +957,7 @@ int Server::bind() {
   }
   CORELM_CHECK(s.bound_port > 0, IOError, "cannot listen on ", s.o.host, ":", s.o.port,
                " (address in use, not a local address, or not permitted)");
+  s.http.raise_backlog(1024);
   return s.bound_port;
 }
 
