@@ -947,6 +947,12 @@ int Server::bind() {
   s.http.set_keep_alive_max_count(static_cast<size_t>(s.o.keep_alive_max));
   s.http.set_payload_max_length(static_cast<size_t>(s.o.max_body_bytes));
   s.http.set_tcp_nodelay(true);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently take half the connections; SO_REUSEADDR alone still allows a quick restart.
+  s.http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   const int64_t threads = s.o.http_threads > 0 ? s.o.http_threads : std::min<int64_t>(1024, s.o.slots + s.o.max_queue + 16);
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.setup_routes();
