@@ -477,6 +477,18 @@ double thread_cpu_us() {
 // Not a test: mask() cost per step, printed (run with --gtest_also_run_disabled_tests). Uses the
 // GPT-2 tokenizer from the shared data when present, else the test tokenizer.
 TEST_F(ConstraintTest, DISABLED_MaskCost) {
+  std::string many = R"({"type":"object","properties":{)";
+  for (int i = 0; i < 24; ++i) many += (i ? ",\"p" : "\"p") + std::to_string(i) + R"(":{"type":"string"})";
+  many += "}}";
+  for (const std::string schema : {std::string(test_schema().dump()), std::string("{}"), std::string(R"({"type":"object"})"), many}) {
+    const double t0 = thread_cpu_us();
+    try {
+      Grammar::json_schema(nlohmann::ordered_json::parse(schema));
+    } catch (const ValueError& e) {
+      std::printf("%s\n", e.what());
+    }
+    std::printf("{\"compile_us\": %.0f, \"schema\": %s}\n", thread_cpu_us() - t0, schema.substr(0, 40).c_str());
+  }
   std::unique_ptr<Tokenizer> gpt2;
   const std::string path = std::string(CORELM_SOURCE_DIR) + "/../shared/data/tokenizers/gpt2/tokenizer.json";
   if (fs::exists(path)) gpt2 = Tokenizer::load(path);
