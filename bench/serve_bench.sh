@@ -15,7 +15,8 @@
 #   DTYPE         GGUF weight type (bf16 | f32 | q8_0; default bf16)
 #   MODEL_SRC     model to convert (default /work/pretrained/tiny-corpus-17M when present, else a
 #                 random-weight `tiny` made like bench/llama_cpp_peer.sh does); GGUF=path skips it
-#   ONLY          llama | corelm: run one server only
+#   ONLY          llama | corelm: run one server only (the other's JSON already in out-dir, if any,
+#                 still goes into serve_bench.json and the ratios)
 #   LLAMA_CPP_BIN (default build/llama.cpp/bin)   NICE (default 10)
 # llama-server: -m GGUF -t T -tb T -np SLOTS -c CTX*SLOTS -cb (its context is split over the slots).
 # corelm:       corelm serve --model GGUF --threads T --slots SLOTS --ctx CTX --port 0.
@@ -96,6 +97,7 @@ cleanup() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
 }
 trap cleanup EXIT
 
@@ -140,6 +142,7 @@ if [[ $only != corelm ]]; then
   pids+=("$lpid")
   wait_health "http://127.0.0.1:$port" "$lpid" ||
     { tail -n 20 "$out/serve_llama.log" >&2; echo "serve_bench: llama-server did not get ready" >&2; exit 1; }
+  rm -f "$out/serve_llama.json"
   load "http://127.0.0.1:$port" llama "$lpid" "$out/serve_llama.json"
   stop_server "$lpid"
 fi
@@ -150,13 +153,15 @@ if [[ $only != llama ]]; then
   cpid=$!
   pids+=("$cpid")
   url=""
-  for ((i = 0; i < 600 && -z $url; i++)); do
+  for ((i = 0; i < 600; i++)); do
     kill -0 "$cpid" 2>/dev/null || break
     url=$(grep -o -m1 'listening on http://[0-9.]*:[0-9]*' "$out/serve_corelm.log" | sed 's/^listening on //' || true)
-    [[ -n $url ]] || sleep 0.1
+    [[ -z $url ]] || break
+    sleep 0.1
   done
   [[ -n $url ]] && wait_health "$url" "$cpid" ||
     { tail -n 20 "$out/serve_corelm.log" >&2; echo "serve_bench: corelm serve did not get ready" >&2; exit 1; }
+  rm -f "$out/serve_corelm.json"
   load "$url" openai "$cpid" "$out/serve_corelm.json"
   stop_server "$cpid"
 fi

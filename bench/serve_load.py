@@ -168,6 +168,10 @@ async def run(args):
                 except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
                     results.append((False, f"{type(e).__name__}: {e}"[:200], None, [], 0, 0))
 
+        if args.api == "openai" and not args.model:
+            r = await client.get("/v1/models")
+            r.raise_for_status()
+            args.model = r.json()["data"][0]["id"]
         # Warm-up requests (not counted): first-request costs (allocation, page faults) stay out.
         for p in make_prompts(args.warmup, args.seed + 1000):
             try:
@@ -199,7 +203,7 @@ async def run(args):
     tpot = [sum(r[3]) / (r[4] - 1) for r in ok if r[3] and r[4] > 1]
     ms = lambda v: None if v is None else round(v * 1000.0, 2)
     out = {
-        "api": args.api, "url": args.url, "clients": args.clients, "requests": args.requests,
+        "api": args.api, "url": args.url, "model": args.model, "clients": args.clients, "requests": args.requests,
         "max_tokens": args.max_tokens, "seed": args.seed, "warmup": args.warmup,
         "requests_ok": len(ok), "requests_error": len(errors) + unfinished,
         "errors_sample": sorted(set(errors))[:5] + ([f"{unfinished} not finished by the deadline"]
@@ -224,7 +228,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", required=True, help="server base URL (loopback only)")
     ap.add_argument("--api", choices=["openai", "llama"], default="openai")
-    ap.add_argument("--model", default="default", help="the request's model field (openai api)")
+    ap.add_argument("--model", default=None, help="the request's model field (openai api; default: the first "
+                    "id GET /v1/models lists)")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--pid", type=int, default=None, help="server pid for the peak-RSS figure")
     ap.add_argument("--clients", type=int, default=64)
