@@ -106,9 +106,10 @@ class Ctx:
         with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
             self.tokenizer_config = json.load(f)
 
-    def tokenize(self, text):
-        # /tokenize takes the text as "content" (llama.cpp's spelling) or "text"; both are sent.
-        r = self.http.post("/tokenize", json={"content": text, "text": text})
+    def tokenize(self, text, parse_special=False):
+        # parse_special: the text's special-token markers (<|im_start|>) become their ids, as the
+        # server does for a rendered chat prompt.
+        r = self.http.post("/tokenize", json={"content": text, "parse_special": parse_special})
         assert r.status_code == 200, f"/tokenize: HTTP {r.status_code} {r.text[:200]}"
         body = r.json()
         toks = body.get("tokens", body.get("ids"))
@@ -190,6 +191,14 @@ def completion_streaming(c):
     assert usage[0].prompt_tokens == full.usage.prompt_tokens
     nonempty = [ch for ch in text_chunks if ch.choices[0].text]
     assert len(nonempty) <= usage[0].completion_tokens, (len(nonempty), usage[0])
+    # Exact: with logprobs every streamed token is listed once (a chunk may hold back the bytes
+    # of an incomplete UTF-8 character, never a token).
+    lp_chunks = [ch for ch in c.client.completions.create(stream=True, stream_options={"include_usage": True},
+                                                          logprobs=1, **kw)]
+    streamed_tokens = sum(len(ch.choices[0].logprobs.tokens) for ch in lp_chunks
+                          if ch.choices and ch.choices[0].logprobs)
+    assert streamed_tokens == full.usage.completion_tokens, (streamed_tokens, full.usage)
+    assert lp_chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     # The wire: every data line is JSON except the final [DONE].
     raw = c.sse("/v1/completions", dict(kw, stream=True))
     assert raw and raw[-1] == "[DONE]", raw[-3:]
@@ -224,9 +233,10 @@ def chat_template(c):
     assert ch.message.role == "assistant" and isinstance(ch.message.content, str), ch.message
     assert ch.finish_reason in ("stop", "length")
     rendered = render_chat(c, MESSAGES)
-    usage_ok(r.usage, len(c.tokenize(rendered)))
-    # The same text as a plain completion of the rendered prompt (the template is the only difference).
-    plain = c.client.completions.create(model=c.model, prompt=rendered, max_tokens=12, temperature=0)
+    ids = c.tokenize(rendered, parse_special=True)
+    usage_ok(r.usage, len(ids))
+    # The same answer as a completion of those ids: the template is the only difference.
+    plain = c.client.completions.create(model=c.model, prompt=ids, max_tokens=12, temperature=0)
     assert plain.usage.prompt_tokens == r.usage.prompt_tokens, (plain.usage, r.usage)
     assert plain.choices[0].text == ch.message.content, (plain.choices[0].text, ch.message.content)
 
