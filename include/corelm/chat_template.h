@@ -45,6 +45,9 @@ class ChatTemplate {
   // Renders with `context` as the template's variables (messages, add_generation_prompt,
   // bos_token, eos_token, and anything else the caller adds). Thread-safe (const).
   std::string render(const nlohmann::json& context) const;
+  // The same with the caller's key order kept: `x | tojson` prints a dict's keys in the order they
+  // came (as Python's json.loads + json.dumps do); nlohmann::json sorts them.
+  std::string render(const nlohmann::ordered_json& context) const;
   // The usual call: messages as [{"role","content"}], plus add_generation_prompt / bos / eos.
   std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt, const std::string& bos_token,
                     const std::string& eos_token) const;

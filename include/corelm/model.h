@@ -94,6 +94,15 @@ class KVCache {
   Tensor& k(int64_t layer) { return k_.at(layer); }
   Tensor& v(int64_t layer) { return v_.at(layer); }
 
+  // Sharing computed positions between rows (a prompt's KV reused by n > 1 sequences, a prefix
+  // cache). copy_row: positions [0, len) of every layer from row src to row dst, whose length
+  // becomes len. Blocks: positions [begin, begin + count) of one row as block_floats(count) floats
+  // (per layer: keys [Hkv, count, D], then values); write_block sets nothing but the values.
+  void copy_row(int64_t src, int64_t dst, int64_t len);
+  int64_t block_floats(int64_t count) const;
+  void read_block(int64_t row, int64_t begin, int64_t count, float* out) const;
+  void write_block(int64_t row, int64_t begin, int64_t count, const float* in);
+
  private:
   int64_t capacity_;
   std::vector<int64_t> lengths_;

@@ -3,6 +3,7 @@
 // the capacity by what a request can reach (generate: prompt + max new tokens, bounded by the
 // context), never by the model's context alone: a 2^31-token context is a config value, not
 // memory anybody has.
+#include <algorithm>
 #include <cstdio>
 
 #include "corelm/error.h"
@@ -49,6 +50,60 @@ void KVCache::set_length(int64_t row, int64_t len) {
   CORELM_CHECK(row >= 0 && row < batch(), IndexError, "KVCache: row ", row, " out of range for a batch of ", batch());
   CORELM_CHECK(len >= 0 && len <= capacity_, ValueError, "KVCache: length ", len, " outside [0, ", capacity_, "]");
   lengths_[static_cast<size_t>(row)] = len;
+}
+
+namespace {
+// Positions [begin, begin + count) of `row` in a [B, Hkv, capacity, D] buffer, one head at a time.
+template <class F>
+void for_each_head_span(const Tensor& t, int64_t row, int64_t begin, int64_t count, F&& f) {
+  const int64_t heads = t.size(1), cap = t.size(2), d = t.size(3);
+  for (int64_t h = 0; h < heads; ++h) f(((row * heads + h) * cap + begin) * d, count * d);
+}
+}  // namespace
+
+void KVCache::copy_row(int64_t src, int64_t dst, int64_t len) {
+  CORELM_CHECK(src >= 0 && src < batch() && dst >= 0 && dst < batch(), IndexError, "KVCache::copy_row: rows ", src,
+               " -> ", dst, " out of range for a batch of ", batch());
+  CORELM_CHECK(len >= 0 && len <= capacity_, ValueError, "KVCache::copy_row: length ", len, " outside [0, ", capacity_, "]");
+  if (src != dst)
+    for (std::vector<Tensor>* kv : {&k_, &v_})
+      for (Tensor& t : *kv) {
+        float* base = t.data<float>();
+        const int64_t heads = t.size(1), cap = t.size(2), d = t.size(3);
+        for (int64_t h = 0; h < heads; ++h)
+          std::copy_n(base + (src * heads + h) * cap * d, len * d, base + (dst * heads + h) * cap * d);
+      }
+  lengths_[static_cast<size_t>(dst)] = len;
+}
+
+int64_t KVCache::block_floats(int64_t count) const {
+  if (k_.empty()) return 0;
+  return 2 * static_cast<int64_t>(k_.size()) * k_[0].size(1) * count * k_[0].size(3);
+}
+
+void KVCache::read_block(int64_t row, int64_t begin, int64_t count, float* out) const {
+  CORELM_CHECK(row >= 0 && row < batch(), IndexError, "KVCache::read_block: row ", row, " out of range for a batch of ", batch());
+  CORELM_CHECK(begin >= 0 && count >= 0 && begin + count <= capacity_, ValueError, "KVCache::read_block: positions [",
+               begin, ", ", begin + count, ") outside the capacity ", capacity_);
+  for (size_t l = 0; l < k_.size(); ++l)
+    for (const Tensor* t : {&k_[l], &v_[l]}) {
+      const float* base = t->data<float>();
+      for_each_head_span(*t, row, begin, count, [&](int64_t off, int64_t n) { out = std::copy_n(base + off, n, out); });
+    }
+}
+
+void KVCache::write_block(int64_t row, int64_t begin, int64_t count, const float* in) {
+  CORELM_CHECK(row >= 0 && row < batch(), IndexError, "KVCache::write_block: row ", row, " out of range for a batch of ", batch());
+  CORELM_CHECK(begin >= 0 && count >= 0 && begin + count <= capacity_, ValueError, "KVCache::write_block: positions [",
+               begin, ", ", begin + count, ") outside the capacity ", capacity_);
+  for (size_t l = 0; l < k_.size(); ++l)
+    for (Tensor* t : {&k_[l], &v_[l]}) {
+      float* base = t->data<float>();
+      for_each_head_span(*t, row, begin, count, [&](int64_t off, int64_t n) {
+        std::copy_n(in, n, base + off);
+        in += n;
+      });
+    }
 }
 
 void KVCache::reset() {

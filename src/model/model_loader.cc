@@ -69,6 +69,52 @@ json read_json(const std::string& path) {
   }
 }
 
+// A special token as tokenizer_config.json writes it: a string, or an AddedToken object
+// {"content": ..., ...}; "" for anything else (null, absent).
+std::string special_token_text(const json& cfg, const char* key) {
+  if (!cfg.is_object() || !cfg.contains(key)) return "";
+  const json& v = cfg[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+// tokenizer_config.json `chat_template`: a string, or a list of {"name", "template"} of which
+// transformers renders the "default" entry; a list without one takes its first entry (transformers
+// would refuse to render without a template name) and says so in a warning.
+std::string chat_template_field(const json& cfg, const std::string& source, std::vector<std::string>& warnings) {
+  if (!cfg.is_object() || !cfg.contains("chat_template") || cfg["chat_template"].is_null()) return "";
+  const json& v = cfg["chat_template"];
+  if (v.is_string()) return v.get<std::string>();
+  CORELM_CHECK(v.is_array(), FormatError, source, ": field 'chat_template' must be a string or a list of ",
+               "{\"name\", \"template\"} objects, got ", v.type_name());
+  const json* first = nullptr;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    CORELM_CHECK(e.is_object() && e.contains("name") && e["name"].is_string() && e.contains("template") &&
+                     e["template"].is_string(),
+                 FormatError, source, ": field 'chat_template[", i, "]' must be a {\"name\": string, \"template\": string} object");
+    if (e["name"] == "default") return e["template"].get<std::string>();
+    if (!first) first = &e;
+  }
+  if (!first) return "";
+  warnings.push_back(source + ": chat_template lists no \"default\" template; using the first, '" +
+                     (*first)["name"].get<std::string>() + "'");
+  return (*first)["template"].get<std::string>();
+}
+
+// A chat template file holds source text: a few KB, never megabytes.
+constexpr uint64_t kMaxTemplateBytes = 4ull << 20;
+
+std::string read_text_file(const std::string& path, uint64_t max_bytes) {
+  regular_file_size(path, max_bytes);
+  std::ifstream in(path, std::ios::binary);
+  CORELM_CHECK(in.good(), IOError, path, ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 std::string join(const std::vector<std::string>& names, size_t limit = 12) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
@@ -469,6 +515,7 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
     std::vector<int64_t> eos_ids;
     int64_t bos_id = -1;
     TokenizerSource tokenizer_source;
+    std::string chat_template, bos_token, eos_token;
     std::vector<std::string> warnings;
   } ck;
   ck.format = detect_checkpoint_format(path);
@@ -518,12 +565,25 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
       }
     }
     tokenizer_dir = dir.string();
+    // The chat template and the special-token texts it sees. Like transformers (4.43+), a
+    // chat_template.jinja file takes precedence over tokenizer_config.json's `chat_template`.
+    const fs::path tok_config = dir / "tokenizer_config.json";
+    if (fs::exists(tok_config)) {
+      const json tc = read_json(tok_config.string());
+      ck.chat_template = chat_template_field(tc, tok_config.string(), ck.warnings);
+      ck.bos_token = special_token_text(tc, "bos_token");
+      ck.eos_token = special_token_text(tc, "eos_token");
+    }
+    const fs::path template_file = dir / "chat_template.jinja";
+    if (fs::exists(template_file)) ck.chat_template = read_text_file(template_file.string(), kMaxTemplateBytes);
   } else if (ck.format == "gguf") {
     io::GGUFModel g = io::load_gguf_model(path);
     raw.source = raw.config_source = path;
     raw.config = std::move(g.config);
     raw.tensors = std::move(g.tensors);
-    if (o.tokenizer_path.empty()) tokenizer = gguf_tokenizer(io::GGUFFile::open(path), ck.tokenizer_source);
+    const io::GGUFFile f = io::GGUFFile::open(path);
+    if (o.tokenizer_path.empty()) tokenizer = gguf_tokenizer(f, ck.tokenizer_source);
+    if (const io::GGUFValue* t = f.find("tokenizer.chat_template")) ck.chat_template = t->as_string();
   } else {
     io::Llama2cCheckpoint c = [&] {
       try {
@@ -588,9 +648,20 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
                  tok_path.empty() ? path : tok_path, ": the tokenizer's ", tokenizer->vocab_size(),
                  " ids exceed the model's vocab_size ", vocab_size);
     if (ck.eos_ids.empty() && tokenizer->eos_id()) ck.eos_ids.push_back(*tokenizer->eos_id());
+    // bos_token / eos_token for the chat template when tokenizer_config.json names none: the
+    // text of the tokenizer's own special ids (then the checkpoint's).
+    auto text_of = [&](std::optional<TokenId> id) {
+      return id && *id >= 0 && static_cast<size_t>(*id) < tokenizer->vocab_size() ? std::string(tokenizer->token_bytes(*id))
+                                                                                 : std::string();
+    };
+    if (ck.bos_token.empty()) ck.bos_token = text_of(tokenizer->bos_id());
+    if (ck.bos_token.empty() && ck.bos_id >= 0) ck.bos_token = text_of(static_cast<TokenId>(ck.bos_id));
+    if (ck.eos_token.empty()) ck.eos_token = text_of(tokenizer->eos_id());
+    if (ck.eos_token.empty() && !ck.eos_ids.empty()) ck.eos_token = text_of(static_cast<TokenId>(ck.eos_ids.front()));
   }
   return Checkpoint{LoadedModel{std::move(decoder), std::move(tokenizer)}, ck.format, ck.eos_ids, ck.bos_id,
-                    std::move(ck.tokenizer_source), {}, {}, {}, std::move(ck.warnings)};
+                    std::move(ck.tokenizer_source), std::move(ck.chat_template), std::move(ck.bos_token),
+                    std::move(ck.eos_token), std::move(ck.warnings)};
 }
 
 }  // namespace corelm::model

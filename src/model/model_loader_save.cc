@@ -42,6 +42,36 @@ std::string shard_name(size_t i, size_t n) {
   return buf;
 }
 
+// The chat template (and the bos/eos texts it sees) into tokenizer_config.json, which is where
+// transformers and load_model look for it. A copied tokenizer_config.json that already yields the
+// same template is left byte for byte as it was (a list of named templates stays a list).
+void write_chat_template(const Checkpoint& ck, const fs::path& dir, const fs::path& final_dir, SaveSummary& s) {
+  if (ck.chat_template.empty()) return;
+  const fs::path path = dir / "tokenizer_config.json";
+  const bool existed = fs::exists(path);
+  ojson tc = ojson::object();
+  if (existed) {
+    try {
+      tc = ojson::parse(read_bytes(path.string()));
+    } catch (const nlohmann::json::exception&) {
+      tc = ojson::object();
+    }
+    if (!tc.is_object()) tc = ojson::object();
+  }
+  const ojson& cur = tc.contains("chat_template") ? tc["chat_template"] : ojson();
+  bool same = cur.is_string() && cur.get<std::string>() == ck.chat_template;
+  if (cur.is_array())
+    for (const auto& e : cur)
+      if (e.is_object() && e.value("name", "") == "default" && e.value("template", "") == ck.chat_template) same = true;
+  bool changed = !same;
+  if (!same) tc["chat_template"] = ck.chat_template;
+  if (!ck.bos_token.empty() && !tc.contains("bos_token")) tc["bos_token"] = ck.bos_token, changed = true;
+  if (!ck.eos_token.empty() && !tc.contains("eos_token")) tc["eos_token"] = ck.eos_token, changed = true;
+  if (!changed) return;
+  io::write_file_atomic(path.string(), tc.dump(2) + "\n");
+  if (!existed) s.files.push_back((final_dir / "tokenizer_config.json").string());
+}
+
 // Writes every file of the folder into `dir` (an empty staging folder); file names in the summary
 // are those under `final_dir`, where the folder will be once committed.
 void write_folder_files(const Checkpoint& ck, const fs::path& dir, const fs::path& final_dir, const SaveOptions& o,
@@ -149,6 +179,7 @@ void write_folder_files(const Checkpoint& ck, const fs::path& dir, const fs::pat
   } else {
     s.warnings.push_back("no tokenizer loaded: none written");
   }
+  write_chat_template(ck, dir, final_dir, s);
 }
 
 // The folder is written as a whole: staged beside the target and swapped in by one rename, so an
@@ -174,6 +205,7 @@ void write_gguf(const Checkpoint& ck, const std::string& path, const SaveOptions
   std::vector<std::pair<std::string, io::GGUFValue>> extra = ck.tokenizer_source.gguf_metadata;
   if (extra.empty()) s.warnings.push_back("no GGUF tokenizer metadata: llama.cpp will need a vocabulary from elsewhere");
   s.tokenizer_written = !extra.empty();
+  if (!ck.chat_template.empty()) extra.push_back({"tokenizer.chat_template", io::GGUFValue::of_string(ck.chat_template)});
   s.tensors = static_cast<int64_t>(d.named_parameters().size());
   if (o.progress) o.progress("writing " + path + " (" + std::to_string(s.tensors) + " tensors, " + o.dtype + ")");
   io::save_gguf_model(path, d.config().to_json(), d.named_parameters(), type, extra);

@@ -116,7 +116,12 @@ Engine::Engine(const model::Decoder& decoder, const Tokenizer& tokenizer, TaskSp
     budget_ = ctx_ - label_len_;
   } else if (spec_.kind == TaskKind::Extract) {
     budget_ = ctx_ - spec_.max_tokens;
-    if (spec_.regex) regex_ = Regex::compile(*spec_.regex);
+    try {
+      if (spec_.regex) grammar_ = infer::Grammar::regex(*spec_.regex);
+      else if (!spec_.choices.empty()) grammar_ = infer::Grammar::choices(spec_.choices);
+    } catch (const ValueError& e) {
+      throw ValueError(std::string("--") + e.what());  // "--regex: ..." names the option
+    }
   } else {
     budget_ = ctx_;
   }

@@ -13,10 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "corelm/constraint.h"
 #include "corelm/model.h"
 #include "corelm/pipeline.h"
 #include "corelm/tokenizer.h"
-#include "pipeline/regex_nfa.h"
 
 namespace corelm::pipeline {
 
@@ -76,7 +76,7 @@ class Engine {
   std::vector<float> prefix_logits_;  // [|prefix|, V]
   std::vector<std::vector<TokenId>> label_tokens_;
   int64_t label_len_ = 0;  // longest label continuation
-  std::optional<Regex> regex_;
+  std::shared_ptr<const infer::Grammar> grammar_;  // --regex / --choices (infer's constraint engine)
   // Classification head (ModelConfig::labels): spec label k is head class head_index_[k].
   bool head_ = false;
   std::vector<int64_t> head_index_;

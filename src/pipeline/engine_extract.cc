@@ -1,8 +1,11 @@
 // The extract task: greedy decoding per document, optionally constrained to a list of choices or a
-// regex. Constraints pick the most likely token among those that keep the output completable;
-// EOS is allowed once the output is complete. Stop strings cut the text where they begin.
+// regex. Constraints (infer::TokenConstraint, the engine the server uses too) pick the most likely
+// token among those that keep the output completable; EOS is allowed once the output is complete.
+// Stop strings cut the text where they begin. No token budget is passed to the constraint, so
+// outputs are those of plain masked greedy decoding (an output cut by --max-tokens ends "length").
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "corelm/error.h"
@@ -15,16 +18,12 @@ struct DecodeRow {
   std::vector<TokenId> out;
   std::string text;
   double logprob = 0;
-  Regex::State re;
+  std::optional<infer::TokenConstraint> con;
   bool done = false;
   std::string finish = "length";
 };
 
-bool is_prefix_of_some(const std::string& s, const std::vector<std::string>& choices) {
-  for (const auto& c : choices)
-    if (c.size() >= s.size() && c.compare(0, s.size(), s) == 0) return true;
-  return false;
-}
+constexpr int64_t kNoBudget = std::numeric_limits<int64_t>::max() / 4;
 
 }  // namespace
 
@@ -33,33 +32,12 @@ void Engine::extract(const std::vector<PreparedDoc*>& docs) {
   std::vector<int64_t> rows(B);
   std::iota(rows.begin(), rows.end(), 0);
   std::vector<DecodeRow> st(B);
-  if (regex_)
-    for (auto& s : st) s.re = regex_->start();
   const std::optional<TokenId> eos = tok_.eos_id();
-  const bool constrained = regex_.has_value() || !spec_.choices.empty();
-
-  auto complete = [&](const DecodeRow& s) {
-    if (regex_) return regex_->accepts(s.re);
-    if (!spec_.choices.empty())
-      return std::find(spec_.choices.begin(), spec_.choices.end(), s.text) != spec_.choices.end();
-    return true;
-  };
-  auto allowed = [&](const DecodeRow& s, TokenId t, Regex::State* next_re) {
-    if (eos && t == *eos) return complete(s);
-    if (!constrained) return true;
-    if (tok_.is_special(t)) return false;
-    const std::string_view piece = tok_.token_bytes(t);
-    if (piece.empty()) return false;
-    if (regex_) {
-      Regex::State r = s.re;
-      if (!regex_->advance(r, piece)) return false;
-      if (next_re) *next_re = std::move(r);
-      return true;
-    }
-    return is_prefix_of_some(s.text + std::string(piece), spec_.choices);
-  };
+  const bool constrained = grammar_ != nullptr;
+  if (constrained)
+    for (auto& s : st) s.con.emplace(grammar_, tok_, std::vector<TokenId>{});
+  std::vector<float> masked;
   // One decoding step of row i from its logits.
-  std::vector<int32_t> order(static_cast<size_t>(tok_vocab_));
   auto step = [&](size_t i, const float* row) {
     DecodeRow& s = st[i];
     const double lse = [&] {
@@ -70,22 +48,18 @@ void Engine::extract(const std::vector<PreparedDoc*>& docs) {
       return m + std::log(z);
     }();
     TokenId pick = -1;
-    Regex::State next_re;
     if (!constrained) {
       pick = 0;
       for (int64_t v = 1; v < tok_vocab_; ++v)
         if (row[v] > row[pick]) pick = static_cast<TokenId>(v);
     } else {
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
-      for (int32_t v : order)
-        if (allowed(s, v, &next_re)) {
-          pick = v;
-          break;
-        }
+      masked.assign(row, row + tok_vocab_);
+      s.con->mask(std::span<float>(masked.data(), masked.size()), kNoBudget);
+      for (int64_t v = 0; v < tok_vocab_; ++v)
+        if (masked[v] != -INFINITY && (pick < 0 || masked[v] > masked[pick])) pick = static_cast<TokenId>(v);
       if (pick < 0) {  // nothing can extend the output: it is as complete as it gets
         s.done = true;
-        s.finish = complete(s) ? "stop" : "no_match";
+        s.finish = s.con->complete() ? "stop" : "no_match";
         return;
       }
     }
@@ -97,7 +71,7 @@ void Engine::extract(const std::vector<PreparedDoc*>& docs) {
     s.out.push_back(pick);
     s.logprob += row[pick] - lse;
     s.text += tok_.token_bytes(pick);
-    if (regex_) s.re = std::move(next_re);
+    if (constrained) s.con->accept(pick);
     for (const auto& stop : spec_.stop) {
       const size_t at = s.text.find(stop);
       if (!stop.empty() && at != std::string::npos) {
@@ -107,10 +81,10 @@ void Engine::extract(const std::vector<PreparedDoc*>& docs) {
         return;
       }
     }
-    // A finished choice that no longer choice extends needs no EOS to end.
-    if (!spec_.choices.empty() && complete(s) && !std::any_of(spec_.choices.begin(), spec_.choices.end(), [&](const auto& c) {
-          return c.size() > s.text.size() && c.compare(0, s.text.size(), s.text) == 0;
-        })) {
+    // A finished output (a choice no longer choice extends, a regex match nothing extends) needs
+    // no EOS to end; at the token limit a regex output still ends "length", as it always has.
+    if (constrained && s.con->finished() &&
+        (!spec_.choices.empty() || static_cast<int64_t>(s.out.size()) < spec_.max_tokens)) {
       s.done = true;
       s.finish = "stop";
       return;

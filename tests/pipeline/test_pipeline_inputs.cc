@@ -5,7 +5,7 @@
 #include <zstd.h>
 
 #include "corelm/error.h"
-#include "pipeline/regex_nfa.h"
+#include "infer/regex_nfa.h"
 #include "pipeline_fixture.h"
 
 namespace corelm::testing {
@@ -121,7 +121,7 @@ TEST_F(PipelineTest, ClearErrorsForUnusableInputsAndOutputs) {
 }
 
 TEST(PipelineRegex, ViablePrefixesAndFullMatches) {
-  using pipeline::Regex;
+  using infer::Regex;
   const Regex re = Regex::compile("[A-Z][a-z]+ (\\d{2,3}|none)");
   auto feed = [&](const std::string& s, bool& full) {
     Regex::State st = re.start();

@@ -1,13 +1,15 @@
 // Regex -> syntax tree (recursive descent) -> Thompson NFA built back to front, then simulated on
 // state sets. States that cannot reach the match are pruned, so a non-empty set means "viable".
-#include "pipeline/regex_nfa.h"
+// Each node also knows its distance in bytes to the match (for forcing completion).
+#include "infer/regex_nfa.h"
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 
 #include "corelm/error.h"
 
-namespace corelm::pipeline {
+namespace corelm::infer {
 
 namespace {
 struct Ast {
@@ -20,7 +22,7 @@ struct Ast {
 
 class RegexCompiler {
  public:
-  RegexCompiler(const std::string& p, Regex& re) : p_(p), re_(re) {}
+  RegexCompiler(const std::string& p, const std::string& what, Regex& re) : p_(p), what_(what), re_(re) {}
 
   void run() {
     auto ast = alternation();
@@ -32,11 +34,15 @@ class RegexCompiler {
 
  private:
   [[noreturn]] void fail(const std::string& why) {
-    throw ValueError("--regex: " + why + " at position " + std::to_string(i_) + " of '" + p_ + "'");
+    std::string shown = p_.size() > 200 ? p_.substr(0, 200) + "..." : p_;
+    throw ValueError(what_ + ": " + why + " at position " + std::to_string(i_) + " of '" + shown + "'");
   }
   bool at(char c) const { return i_ < p_.size() && p_[i_] == c; }
 
+  // Parsing and emission recurse once per group level: bound it so a hostile pattern cannot
+  // exhaust the stack.
   std::unique_ptr<Ast> alternation() {
+    if (++depth_ > 400) fail("groups nested deeper than 400");
     auto alt = std::make_unique<Ast>();
     alt->kind = Ast::Alt;
     alt->kids.push_back(concat());
@@ -44,6 +50,7 @@ class RegexCompiler {
       ++i_;
       alt->kids.push_back(concat());
     }
+    --depth_;
     return alt;
   }
   std::unique_ptr<Ast> concat() {
@@ -167,6 +174,8 @@ class RegexCompiler {
   }
 
   int add(Regex::Node n) {
+    if (re_.nodes_.size() >= Regex::kMaxNodes)
+      fail("pattern too large (its automaton would exceed " + std::to_string(Regex::kMaxNodes) + " states)");
     re_.nodes_.push_back(n);
     return static_cast<int>(re_.nodes_.size()) - 1;
   }
@@ -219,47 +228,73 @@ class RegexCompiler {
   }
 
   const std::string& p_;
+  const std::string& what_;
   Regex& re_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
-Regex Regex::compile(const std::string& pattern) {
+Regex Regex::compile(const std::string& pattern, const std::string& what) {
   Regex re;
-  RegexCompiler(pattern, re).run();
-  // Liveness: a state is live when it can reach the match (fixpoint over the reverse edges).
+  RegexCompiler(pattern, what, re).run();
+  // Distance to the match over the reverse edges (0-1 BFS: splits cost no byte, consuming nodes
+  // one); a node is live when it has a distance.
   const size_t n = re.nodes_.size();
-  re.live_.assign(n, false);
-  re.live_[0] = true;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t i = 0; i < n; ++i) {
-      if (re.live_[i]) continue;
-      const Node& s = re.nodes_[i];
-      bool l = (s.out1 >= 0 && re.live_[s.out1] && (s.split || s.bytes.any())) || (s.out2 >= 0 && re.live_[s.out2]);
-      if (l) re.live_[i] = changed = true;
+  std::vector<std::vector<int>> rev(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Node& s = re.nodes_[i];
+    if (s.split) {
+      if (s.out1 >= 0) rev[s.out1].push_back(static_cast<int>(i));
+      if (s.out2 >= 0) rev[s.out2].push_back(static_cast<int>(i));
+    } else if (!s.match && s.bytes.any() && s.out1 >= 0) {
+      rev[s.out1].push_back(static_cast<int>(i));
     }
   }
+  constexpr int64_t kInf = INT64_MAX;
+  re.dist_.assign(n, kInf);
+  std::deque<int> q;
+  re.dist_[0] = 0;
+  q.push_back(0);
+  while (!q.empty()) {
+    int v = q.front();
+    q.pop_front();
+    for (int u : rev[v]) {
+      const int64_t w = re.nodes_[u].split ? 0 : 1;
+      if (re.dist_[v] + w < re.dist_[u]) {
+        re.dist_[u] = re.dist_[v] + w;
+        if (w == 0) q.push_front(u);
+        else q.push_back(u);
+      }
+    }
+  }
+  re.live_.assign(n, false);
+  for (size_t i = 0; i < n; ++i) re.live_[i] = re.dist_[i] != kInf;
   return re;
 }
 
 void Regex::closure(State& s) const {
-  std::vector<int> stack(s.begin(), s.end()), out;
-  std::vector<char> seen(nodes_.size(), 0);
+  // Generation-stamped scratch per thread: no O(nodes) clearing per byte.
+  thread_local std::vector<uint32_t> seen;
+  thread_local uint32_t gen = 0;
+  thread_local std::vector<int> stack;
+  if (seen.size() < nodes_.size()) seen.assign(nodes_.size(), 0), gen = 0;
+  if (++gen == 0) std::fill(seen.begin(), seen.end(), 0), gen = 1;
+  stack.assign(s.begin(), s.end());
+  s.clear();
   while (!stack.empty()) {
     int i = stack.back();
     stack.pop_back();
-    if (i < 0 || seen[i] || !live_[i]) continue;
-    seen[i] = 1;
+    if (i < 0 || seen[i] == gen || !live_[i]) continue;
+    seen[i] = gen;
     const Node& n = nodes_[i];
     if (n.split) {
       stack.push_back(n.out1);
       stack.push_back(n.out2);
     } else {
-      out.push_back(i);
+      s.push_back(i);
     }
   }
-  std::sort(out.begin(), out.end());
-  s = std::move(out);
+  std::sort(s.begin(), s.end());
 }
 
 Regex::State Regex::start() const {
@@ -268,20 +303,43 @@ Regex::State Regex::start() const {
   return s;
 }
 
-bool Regex::advance(State& state, std::string_view bytes) const {
-  for (unsigned char c : bytes) {
-    State next;
-    for (int i : state) {
-      const Node& n = nodes_[i];
-      if (!n.match && n.bytes.test(c)) next.push_back(n.out1);
-    }
-    closure(next);
-    state = std::move(next);
-    if (state.empty()) return false;
+bool Regex::step(State& state, unsigned char c) const {
+  thread_local State next;
+  next.clear();
+  for (int i : state) {
+    const Node& n = nodes_[i];
+    if (!n.match && n.bytes.test(c)) next.push_back(n.out1);
   }
+  closure(next);
+  state.swap(next);
+  return !state.empty();
+}
+
+bool Regex::advance(State& state, std::string_view bytes) const {
+  for (unsigned char c : bytes)
+    if (!step(state, c)) return false;
   return !state.empty();
 }
 
 bool Regex::accepts(const State& state) const { return std::binary_search(state.begin(), state.end(), 0); }
 
-}  // namespace corelm::pipeline
+bool Regex::can_continue(const State& state) const {
+  for (int i : state)
+    if (!nodes_[i].match) return true;  // a live consuming node has a viable byte
+  return false;
+}
+
+int64_t Regex::min_bytes_to_accept(const State& state) const {
+  int64_t best = INT64_MAX;
+  for (int i : state) best = std::min(best, dist_[i]);
+  return best;
+}
+
+void Regex::next_bytes(const State& state, bool out[256]) const {
+  std::bitset<256> any;
+  for (int i : state)
+    if (!nodes_[i].match) any |= nodes_[i].bytes;
+  for (int b = 0; b < 256; ++b) out[b] = any.test(b);
+}
+
+}  // namespace corelm::infer
