@@ -4,7 +4,7 @@
 // which would make the output impossible to complete, and forces completion when the token
 // budget runs short, so a finished output always parses / matches (finish_reason "stop").
 // Used by the pipeline's extract task and by the serving scheduler (one engine for both).
-// See docs/SERVING.md "Constrained decoding" for the supported JSON Schema subset.
+// See docs/CONSTRAINED-DECODING.md for the supported JSON Schema subset, limits and costs.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -47,7 +47,10 @@ class Grammar {
   static std::shared_ptr<const Grammar> regex(const std::string& pattern);
   static std::shared_ptr<const Grammar> choices(const std::vector<std::string>& choices);
   static std::shared_ptr<const Grammar> json_object();  // any JSON object (nesting bounded, see docs)
+  // Properties are emitted in the schema's key order: pass an ordered_json to keep the order the
+  // schema was written in (a plain json iterates its keys sorted).
   static std::shared_ptr<const Grammar> json_schema(const nlohmann::json& schema);
+  static std::shared_ptr<const Grammar> json_schema(const nlohmann::ordered_json& schema);
 };
 
 // Per sequence: the grammar applied to a tokenizer's vocabulary.

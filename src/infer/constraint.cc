@@ -151,15 +151,21 @@ struct MaskEntry {
   int64_t max_after = 0;       // largest min_bytes_to_accept after one of them
 };
 
+// Live tokens ordered by min_bytes_to_accept after them (the budget filter is then a prefix).
+using ByAfter = std::vector<std::pair<int64_t, TokenId>>;
+
 struct MaskCache {
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<const MaskEntry>> map;
-  size_t max_entries = 0;
+  std::unordered_map<std::string, std::shared_ptr<const ByAfter>> by_after;
+  size_t bytes = 0;  // held by both maps; nothing more is cached past kMaxBytes
+  static constexpr size_t kMaxBytes = size_t{64} << 20;
 };
 
 }  // namespace
 }  // namespace constraint
 
+using constraint::ByAfter;
 using constraint::MaskCache;
 using constraint::MaskEntry;
 using constraint::StateImpl;
@@ -228,9 +234,29 @@ struct TokenConstraint::Impl {
     });
     if (!key.empty()) {
       std::lock_guard<std::mutex> lock(cache->mu);
-      if (cache->map.size() < cache->max_entries) cache->map.emplace(std::move(key), e);
+      const size_t b = e->bits.size() * 8 + key.size() + 64;
+      if (cache->bytes + b <= MaskCache::kMaxBytes && cache->map.emplace(std::move(key), e).second) cache->bytes += b;
     }
     return e;
+  }
+
+  std::shared_ptr<const ByAfter> live_by_after() const {
+    std::string key;
+    state->key(key);
+    if (!key.empty()) {
+      std::lock_guard<std::mutex> lock(cache->mu);
+      auto it = cache->by_after.find(key);
+      if (it != cache->by_after.end()) return it->second;
+    }
+    auto v = std::make_shared<ByAfter>();
+    for_live_tokens([&](TokenId t, const StateImpl& after) { v->emplace_back(after.min_bytes_to_accept(), t); });
+    std::sort(v->begin(), v->end());
+    if (!key.empty()) {
+      std::lock_guard<std::mutex> lock(cache->mu);
+      const size_t b = v->size() * sizeof(ByAfter::value_type) + key.size() + 64;
+      if (cache->bytes + b <= MaskCache::kMaxBytes && cache->by_after.emplace(std::move(key), v).second) cache->bytes += b;
+    }
+    return v;
   }
 };
 
@@ -248,8 +274,6 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const Grammar> grammar, const T
   impl_->eos.erase(std::unique(impl_->eos.begin(), impl_->eos.end()), impl_->eos.end());
   impl_->state = constraint::as_impl(impl_->grammar->start());
   impl_->cache = std::make_shared<MaskCache>();
-  // About 64 MiB of cached masks at most.
-  impl_->cache->max_entries = std::max<size_t>(64, (size_t{64} << 20) / std::max<size_t>(1, impl_->ix->vocab / 8));
 }
 
 TokenConstraint::~TokenConstraint() = default;
@@ -287,23 +311,16 @@ void TokenConstraint::mask(std::span<float> logits, int64_t remaining_tokens) co
     // Budget filter: every kept token leaves a completion that fits in the tokens left (with one
     // token per byte at worst), and under forcing it must bring the completion strictly closer.
     filtered.assign(live->bits.size(), 0);
-    std::vector<std::pair<TokenId, int64_t>> all;
-    bool any = false;
-    m.for_live_tokens([&](TokenId t, const StateImpl& after) {
-      const int64_t a = after.min_bytes_to_accept();
-      all.emplace_back(t, a);
-      if (a <= left && (!forcing || a < need)) {
-        filtered[static_cast<size_t>(t) >> 6] |= uint64_t{1} << (t & 63);
-        any = true;
-      }
-    });
-    if (!any && !(complete && !m.eos.empty()) && !all.empty()) {
+    const auto by_after = m.live_by_after();
+    const int64_t bound = forcing ? std::min(left, need - 1) : left;
+    auto set = [&](TokenId t) { filtered[static_cast<size_t>(t) >> 6] |= uint64_t{1} << (t & 63); };
+    size_t k = 0;
+    for (; k < by_after->size() && (*by_after)[k].first <= bound; ++k) set((*by_after)[k].second);
+    if (k == 0 && !(complete && !m.eos.empty()) && !by_after->empty()) {
       // Nothing fits (a budget shorter than the shortest completion, or a vocabulary without
       // single-byte tokens): best effort, the tokens that get closest.
-      int64_t best = INT64_MAX;
-      for (const auto& [t, a] : all) best = std::min(best, a);
-      for (const auto& [t, a] : all)
-        if (a == best) filtered[static_cast<size_t>(t) >> 6] |= uint64_t{1} << (t & 63);
+      for (size_t j = 0; j < by_after->size() && (*by_after)[j].first == by_after->front().first; ++j)
+        set((*by_after)[j].second);
     }
     bits = &filtered;
   }

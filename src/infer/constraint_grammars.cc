@@ -137,4 +137,9 @@ std::shared_ptr<const Grammar> Grammar::json_schema(const nlohmann::json& schema
   return std::make_shared<constraint::RegexGrammar>(Regex::compile(pattern, "json_schema"), "json_schema");
 }
 
+std::shared_ptr<const Grammar> Grammar::json_schema(const nlohmann::ordered_json& schema) {
+  const std::string pattern = constraint::schema_to_regex(schema);
+  return std::make_shared<constraint::RegexGrammar>(Regex::compile(pattern, "json_schema"), "json_schema");
+}
+
 }  // namespace corelm::infer

@@ -30,5 +30,6 @@ class StateImpl : public GrammarState {
 
 // The JSON Schema subset compiled to a regular expression (constraint_schema.cc).
 std::string schema_to_regex(const nlohmann::json& schema);
+std::string schema_to_regex(const nlohmann::ordered_json& schema);
 
 }  // namespace corelm::infer::constraint
