@@ -189,8 +189,9 @@ if llama and corelm:
         "generated_tok_s": ratio("generated_tok_s"),
         "ttft_p50_llama_over_corelm": ratio("ttft_ms_p50", True),
         "ttft_p99_llama_over_corelm": ratio("ttft_ms_p99", True),
-        "itl_p50_llama_over_corelm": ratio("itl_ms_p50", True),
         "itl_p99_llama_over_corelm": ratio("itl_ms_p99", True),
+        "tpot_p50_llama_over_corelm": ratio("tpot_ms_p50", True),
+        "tpot_p99_llama_over_corelm": ratio("tpot_ms_p99", True),
         "peak_rss_llama_over_corelm": ratio("peak_rss_mb", True),
     }
 with open(os.path.join(out, "serve_bench.json"), "w") as f:

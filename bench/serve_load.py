@@ -14,6 +14,13 @@ inter-token latency p50/p99, and the server's peak RSS (VmHWM of --pid).
 --api llama: POST /completion with stream=true, n_predict and ignore_eos (llama-server of the
   llama.cpp that llama-cpp-python 0.3.2 vendors: its /v1/completions answers in the native shape,
   so the native endpoint is used and the count is the last event's tokens_predicted).
+Figures: ttft = request sent -> first chunk with text (includes the connect, so a server whose
+listen backlog overflows pays the 1 s SYN retransmit here); itl = gaps between consecutive text
+chunks, all requests pooled (a server that flushes several tokens at once shows ~0 gaps and long
+ones); tpot = per request, (last chunk - first chunk) / (tokens - 1). generated_tok_s = tokens of
+the successful requests / wall time of the measured run (warm-up requests excluded).
+ignore_eos is sent to both (corelm serve ignores fields it does not know): requests_at_max_tokens
+says whether every request generated to length, so both servers did the same work.
 Only loopback URLs are accepted. Every request has a connect/read timeout and an overall deadline.
 """
 import argparse
