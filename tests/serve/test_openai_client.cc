@@ -1,5 +1,6 @@
 // The official openai Python client (tests/requirements.txt pins it) against a live `corelm serve`:
-// this driver saves a small random model with a ChatML chat template, then runs
+// this driver saves a small random model with a real chat template (tests/data/chat_templates:
+// SmolLM2's ChatML for the full run, Llama 3.1's for the chat checks), then runs
 // tests/serve/test_openai_client.py, which starts the real binary on 127.0.0.1 with --port 0, runs
 // its checks (completions, streaming, chat with the model's template, logprobs, n=2, stop strings,
 // seeds, json_schema / json_object, usage counts, error classes) and kills the server. Each check
@@ -11,7 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "common/cli_runner.h"
 #include "common/generate_fixtures.h"
@@ -24,9 +27,8 @@ using namespace corelm;
 
 namespace {
 
-// ChatML as SmolLM2 / Qwen use it, written for this test: a default system turn when the
-// conversation has none, each turn trimmed, the assistant header when asked for.
-constexpr const char* kChatTemplate =
+// The stand-in when tests/data/chat_templates is absent: ChatML written for this test.
+constexpr const char* kChatMl =
     "{%- for message in messages %}"
     "{%- if loop.first and message['role'] != 'system' %}"
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
@@ -34,6 +36,12 @@ constexpr const char* kChatTemplate =
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] | trim }}<|im_end|>\n"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+std::string template_file(const std::string& name) {
+  std::ifstream f(std::string(CORELM_SOURCE_DIR) + "/tests/data/chat_templates/" + name, std::ios::binary);
+  if (!f) return {};
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
 
 class OpenAIClientTest : public ::testing::Test {
  protected:
@@ -56,7 +64,9 @@ class OpenAIClientTest : public ::testing::Test {
     std::ofstream(dir_ / "corpus.txt", std::ios::binary) << text;
     BpeTrainOptions bpe;
     bpe.vocab_size = 360;
-    bpe.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    // The markers of both templates, so the rendered prompts hold real special tokens.
+    bpe.special_tokens = {"<|endoftext|>",     "<|im_start|>",      "<|im_end|>",
+                          "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
     train_bpe({(dir_ / "corpus.txt").string()}, bpe, (dir_ / "tokenizer.json").string());
     fs::remove(dir_ / "corpus.txt");
     auto tok = Tokenizer::load((dir_ / "tokenizer.json").string());
@@ -74,8 +84,24 @@ class OpenAIClientTest : public ::testing::Test {
     model::Decoder d(c);
     d.init_weights(2024);
     model::save_model_dir(dir_.string(), d);
-    nlohmann::json cfg = {{"chat_template", kChatTemplate}, {"bos_token", nullptr}, {"eos_token", "<|im_end|>"}};
+  }
+  // tokenizer_config.json with this chat template and BOS/EOS texts (bos "" -> null).
+  void write_template(const std::string& tmpl, const std::string& bos, const std::string& eos) {
+    nlohmann::json cfg = {{"chat_template", tmpl}, {"eos_token", eos}};
+    cfg["bos_token"] = bos.empty() ? nlohmann::json() : nlohmann::json(bos);
     std::ofstream(dir_ / "tokenizer_config.json") << cfg.dump(1) << "\n";
+  }
+  // Runs the script (bounded at 80 s; the runner's 110 s limit is the backstop) and checks it
+  // reported SUMMARY OK.
+  void run_checks(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args{script_, "--corelm", corelm::testing::corelm_path(), "--model", dir_.string(),
+                                  "--timeout", "80"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = corelm::testing::run_program(python_, args, corelm::testing::CliOptions{110});
+    std::cout << r.out << (r.err.empty() ? "" : "\nstderr:\n" + r.err.substr(0, 4000)) << std::endl;
+    EXPECT_FALSE(r.timed_out) << "the openai-client script ran past 110 s";
+    EXPECT_EQ(r.rc, 0) << "some openai-client checks failed (FAIL lines above)";
+    EXPECT_NE(r.out.find("SUMMARY OK"), std::string::npos);
   }
   void TearDown() override {
     std::error_code ec;
@@ -86,15 +112,21 @@ class OpenAIClientTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// Every check, with SmolLM2's template (ChatML with a default system turn).
 TEST_F(OpenAIClientTest, OfficialClientAgainstLiveServer) {
-  // The script bounds itself at 80 s (and kills its server); the runner's limit is the backstop.
-  const auto r = corelm::testing::run_program(
-      python_, {script_, "--corelm", corelm::testing::corelm_path(), "--model", dir_.string(), "--timeout", "80"},
-      corelm::testing::CliOptions{110});
-  std::cout << r.out << (r.err.empty() ? "" : "\nstderr:\n" + r.err.substr(0, 4000)) << std::endl;
-  EXPECT_FALSE(r.timed_out) << "the openai-client script ran past 110 s";
-  EXPECT_EQ(r.rc, 0) << "some openai-client checks failed (FAIL lines above)";
-  EXPECT_NE(r.out.find("SUMMARY OK"), std::string::npos);
+  std::string tmpl = template_file("HuggingFaceTB-SmolLM2-Instruct.jinja");
+  if (tmpl.empty()) tmpl = kChatMl;
+  write_template(tmpl, "", "<|im_end|>");
+  run_checks();
+}
+
+// The chat checks with Llama 3.1's template: bos_token written by the template, set/trim/slicing,
+// header markers as special tokens.
+TEST_F(OpenAIClientTest, ChatWithLlama31Template) {
+  const std::string tmpl = template_file("meta-llama-Llama-3.1-8B-Instruct.jinja");
+  if (tmpl.empty()) GTEST_SKIP() << "tests/data/chat_templates/meta-llama-Llama-3.1-8B-Instruct.jinja is absent";
+  write_template(tmpl, "<|begin_of_text|>", "<|eot_id|>");
+  run_checks({"--only", "chat_template,chat_streaming,chat_logprobs,stop_strings"});
 }
 
 }  // namespace

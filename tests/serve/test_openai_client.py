@@ -215,13 +215,20 @@ def completion_streaming(c):
 
 
 def render_chat(c, messages):
+    """The template rendered as Hugging Face's apply_chat_template does (transformers'
+    chat_template_utils: a sandboxed environment with trim_blocks, lstrip_blocks and loop controls,
+    tojson without ASCII escaping, raise_exception and strftime_now)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
     cfg = c.tokenizer_config
-    env = jinja2.Environment()
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
 
     def raise_exception(msg):
         raise jinja2.exceptions.TemplateError(msg)
 
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
     tmpl = env.from_string(cfg["chat_template"])
     return tmpl.render(messages=messages, add_generation_prompt=True, bos_token=cfg.get("bos_token") or "",
                        eos_token=cfg.get("eos_token") or "")
