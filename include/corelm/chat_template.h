@@ -10,7 +10,7 @@
 // .items()/.get(), raise_exception(msg), strftime_now(fmt). Anything else is a TemplateError that
 // names the construct and the line:column, raised when the template is parsed (or, for a name
 // only known at render time, when it is rendered).
-// See docs/SERVING.md "Chat templates" and the documented default template.
+// See docs/CHAT-TEMPLATES.md (sources, subset, limits, the documented default template).
 #pragma once
 #include <memory>
 #include <string>

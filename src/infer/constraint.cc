@@ -24,20 +24,6 @@ constexpr size_t kMaxTokenBytes = 1024;
 // Forcing starts this many tokens before the budget could no longer cover the shortest completion.
 constexpr int64_t kForceMargin = 2;
 
-struct VocabIndex {
-  struct Node {
-    uint32_t edge_begin = 0, edge_end = 0, tok_begin = 0, tok_end = 0;
-  };
-  size_t vocab = 0;
-  uint64_t fingerprint = 0;
-  std::vector<Node> nodes;
-  std::vector<unsigned char> edge_byte;
-  std::vector<uint32_t> edge_child;
-  std::vector<TokenId> toks;
-  std::vector<char> special;  // per id: special tokens are never allowed (EOS ids aside)
-  size_t depth = 0;           // longest token in the trie
-};
-
 uint64_t fingerprint_of(const Tokenizer& tok) {
   // Enough to tell two tokenizers at one address apart (the cache is keyed by address).
   uint64_t h = 1469598103934665603ull ^ tok.vocab_size();
@@ -97,22 +83,30 @@ std::shared_ptr<const VocabIndex> build_index(const Tokenizer& tok) {
   return ix;
 }
 
+// The indexes of the last few tokenizers stay alive even when no constraint uses them (a server
+// creates one constraint per request; rebuilding the trie each time would cost milliseconds).
 std::shared_ptr<const VocabIndex> index_for(const Tokenizer& tok) {
+  constexpr size_t kKeep = 8;
   static std::mutex mu;
-  static std::map<const Tokenizer*, std::weak_ptr<const VocabIndex>> cache;
+  static std::vector<std::pair<const Tokenizer*, std::shared_ptr<const VocabIndex>>> recent;  // newest last
   const uint64_t fp = fingerprint_of(tok);
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (auto it = cache.begin(); it != cache.end();) it = it->second.expired() ? cache.erase(it) : std::next(it);
-    auto it = cache.find(&tok);
-    if (it != cache.end())
-      if (auto ix = it->second.lock(); ix && ix->vocab == tok.vocab_size() && ix->fingerprint == fp) return ix;
+    for (size_t i = 0; i < recent.size(); ++i)
+      if (recent[i].first == &tok && recent[i].second->vocab == tok.vocab_size() && recent[i].second->fingerprint == fp) {
+        auto hit = recent[i];
+        recent.erase(recent.begin() + static_cast<std::ptrdiff_t>(i));
+        recent.push_back(hit);
+        return hit.second;
+      }
   }
   // Built outside the lock (it takes a while on a large vocabulary); two threads racing build
   // it twice, harmlessly.
   auto ix = build_index(tok);
   std::lock_guard<std::mutex> lock(mu);
-  cache[&tok] = ix;
+  std::erase_if(recent, [&](const auto& e) { return e.first == &tok; });
+  recent.emplace_back(&tok, ix);
+  if (recent.size() > kKeep) recent.erase(recent.begin());
   return ix;
 }
 
@@ -148,24 +142,47 @@ std::unique_ptr<StateImpl> as_impl(std::unique_ptr<GrammarState> s) {
 
 struct MaskEntry {
   std::vector<uint64_t> bits;  // live tokens (trie tokens only: no special, no EOS decision)
-  int64_t max_after = 0;       // largest min_bytes_to_accept after one of them
+  // The same tokens ordered by min_bytes_to_accept after them, so the budget filter is a prefix.
+  std::vector<std::pair<int32_t, TokenId>> by_after;
+  int64_t max_after() const { return by_after.empty() ? 0 : by_after.back().first; }
 };
-
-// Live tokens ordered by min_bytes_to_accept after them (the budget filter is then a prefix).
-using ByAfter = std::vector<std::pair<int64_t, TokenId>>;
 
 struct MaskCache {
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<const MaskEntry>> map;
-  std::unordered_map<std::string, std::shared_ptr<const ByAfter>> by_after;
-  size_t bytes = 0;  // held by both maps; nothing more is cached past kMaxBytes
+  size_t bytes = 0;  // nothing more is cached past kMaxBytes
   static constexpr size_t kMaxBytes = size_t{64} << 20;
 };
 
 }  // namespace
+
+void walk_generic(const StateImpl& root, const VocabIndex& ix, void* ctx, TokenSink sink) {
+  std::vector<std::unique_ptr<StateImpl>> st(ix.depth + 1);
+  for (auto& s : st) s = as_impl(root.clone());
+  auto visit = [&](auto& self, uint32_t node, size_t d) -> void {
+    const VocabIndex::Node& n = ix.nodes[node];
+    StateImpl& here = *st[d];
+    if (n.tok_begin != n.tok_end) {
+      const int64_t after = here.min_bytes_to_accept();
+      for (uint32_t k = n.tok_begin; k < n.tok_end; ++k) sink(ctx, ix.toks[k], after);
+    }
+    if (n.edge_begin == n.edge_end) return;
+    bool next[256];
+    const bool prune = here.cheap_next_bytes();
+    if (prune) here.next_bytes(next);
+    StateImpl& child = *st[d + 1];
+    for (uint32_t e = n.edge_begin; e < n.edge_end; ++e) {
+      const unsigned char b = ix.edge_byte[e];
+      if (prune && !next[b]) continue;
+      child.assign_from(here);
+      if (child.step(b)) self(self, ix.edge_child[e], d + 1);
+    }
+  };
+  visit(visit, 0, 0);
+}
+
 }  // namespace constraint
 
-using constraint::ByAfter;
 using constraint::MaskCache;
 using constraint::MaskEntry;
 using constraint::StateImpl;
@@ -179,43 +196,23 @@ struct TokenConstraint::Impl {
   std::unique_ptr<StateImpl> state;
   std::shared_ptr<MaskCache> cache;
   bool ended = false;  // an EOS id was accepted
-  // Scratch of the walk: one state per trie depth (mutable: mask() is const but reuses them).
-  mutable std::vector<std::unique_ptr<StateImpl>> walk;
-  mutable std::unique_ptr<StateImpl> tmp;
+  std::unique_ptr<StateImpl> tmp;  // accept() steps a copy, so a refused token changes nothing
 
   bool is_eos(TokenId t) const { return std::binary_search(eos.begin(), eos.end(), t); }
   bool complete() const { return ended || state->accepts(); }
 
-  StateImpl& walk_state(size_t d) const {
-    if (walk.size() <= d) walk.resize(d + 1);
-    if (!walk[d]) walk[d] = constraint::as_impl(state->clone());
-    return *walk[d];
-  }
-
-  // Calls on_token(token, state after it) for every trie token whose bytes keep the state alive.
+  // Calls on_token(token, min_bytes_to_accept after it) for every trie token whose bytes keep
+  // the state alive (EOS ids excluded: they are decided by complete()).
   template <class F>
   void for_live_tokens(F&& on_token) const {
-    StateImpl& root = walk_state(0);
-    root.assign_from(*state);
-    visit(0, 0, on_token);
-  }
-  template <class F>
-  void visit(uint32_t node, size_t d, F& on_token) const {
-    const VocabIndex::Node& n = ix->nodes[node];
-    StateImpl& here = *walk[d];
-    for (uint32_t k = n.tok_begin; k < n.tok_end; ++k)
-      if (!is_eos(ix->toks[k])) on_token(ix->toks[k], here);
-    if (n.edge_begin == n.edge_end) return;
-    bool next[256];
-    const bool prune = here.cheap_next_bytes();
-    if (prune) here.next_bytes(next);
-    StateImpl& child = walk_state(d + 1);
-    for (uint32_t e = n.edge_begin; e < n.edge_end; ++e) {
-      const unsigned char b = ix->edge_byte[e];
-      if (prune && !next[b]) continue;
-      child.assign_from(*walk[d]);
-      if (child.step(b)) visit(ix->edge_child[e], d + 1, on_token);
-    }
+    struct Ctx {
+      const Impl* self;
+      F* f;
+    } ctx{this, &on_token};
+    state->walk(*ix, &ctx, [](void* c, TokenId t, int64_t after) {
+      auto* x = static_cast<Ctx*>(c);
+      if (!x->self->is_eos(t)) (*x->f)(t, after);
+    });
   }
 
   std::shared_ptr<const MaskEntry> live_mask() const {
@@ -228,35 +225,30 @@ struct TokenConstraint::Impl {
     }
     auto e = std::make_shared<MaskEntry>();
     e->bits.assign((ix->vocab + 63) / 64, 0);
-    for_live_tokens([&](TokenId t, const StateImpl& after) {
+    std::vector<std::pair<int32_t, TokenId>> raw;
+    int32_t top = 0;
+    for_live_tokens([&](TokenId t, int64_t after) {
       e->bits[static_cast<size_t>(t) >> 6] |= uint64_t{1} << (t & 63);
-      e->max_after = std::max(e->max_after, after.min_bytes_to_accept());
+      const int32_t a = static_cast<int32_t>(std::min<int64_t>(after, INT32_MAX - 1));
+      raw.emplace_back(a, t);
+      top = std::max(top, a);
     });
+    if (top < (1 << 16)) {  // counting sort: the lengths are small
+      std::vector<uint32_t> start(static_cast<size_t>(top) + 2, 0);
+      for (const auto& p : raw) ++start[static_cast<size_t>(p.first) + 1];
+      for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+      e->by_after.resize(raw.size());
+      for (const auto& p : raw) e->by_after[start[static_cast<size_t>(p.first)]++] = p;
+    } else {
+      std::sort(raw.begin(), raw.end());
+      e->by_after = std::move(raw);
+    }
     if (!key.empty()) {
       std::lock_guard<std::mutex> lock(cache->mu);
-      const size_t b = e->bits.size() * 8 + key.size() + 64;
+      const size_t b = e->bits.size() * 8 + e->by_after.size() * sizeof(e->by_after[0]) + key.size() + 64;
       if (cache->bytes + b <= MaskCache::kMaxBytes && cache->map.emplace(std::move(key), e).second) cache->bytes += b;
     }
     return e;
-  }
-
-  std::shared_ptr<const ByAfter> live_by_after() const {
-    std::string key;
-    state->key(key);
-    if (!key.empty()) {
-      std::lock_guard<std::mutex> lock(cache->mu);
-      auto it = cache->by_after.find(key);
-      if (it != cache->by_after.end()) return it->second;
-    }
-    auto v = std::make_shared<ByAfter>();
-    for_live_tokens([&](TokenId t, const StateImpl& after) { v->emplace_back(after.min_bytes_to_accept(), t); });
-    std::sort(v->begin(), v->end());
-    if (!key.empty()) {
-      std::lock_guard<std::mutex> lock(cache->mu);
-      const size_t b = v->size() * sizeof(ByAfter::value_type) + key.size() + 64;
-      if (cache->bytes + b <= MaskCache::kMaxBytes && cache->by_after.emplace(std::move(key), v).second) cache->bytes += b;
-    }
-    return v;
   }
 };
 
@@ -307,11 +299,11 @@ void TokenConstraint::mask(std::span<float> logits, int64_t remaining_tokens) co
   auto live = m.live_mask();
   const std::vector<uint64_t>* bits = &live->bits;
   std::vector<uint64_t> filtered;
-  if (forcing || live->max_after > left) {
+  if (forcing || live->max_after() > left) {
     // Budget filter: every kept token leaves a completion that fits in the tokens left (with one
     // token per byte at worst), and under forcing it must bring the completion strictly closer.
     filtered.assign(live->bits.size(), 0);
-    const auto by_after = m.live_by_after();
+    const auto* by_after = &live->by_after;
     const int64_t bound = forcing ? std::min(left, need - 1) : left;
     auto set = [&](TokenId t) { filtered[static_cast<size_t>(t) >> 6] |= uint64_t{1} << (t & 63); };
     size_t k = 0;
@@ -324,8 +316,24 @@ void TokenConstraint::mask(std::span<float> logits, int64_t remaining_tokens) co
     }
     bits = &filtered;
   }
-  for (size_t t = 0; t < n; ++t)
-    if (!(((*bits)[t >> 6] >> (t & 63)) & 1) && !(complete && m.is_eos(static_cast<TokenId>(t)))) logits[t] = ninf;
+  // Word by word over the bit set: only the removed tokens are touched.
+  std::vector<std::pair<TokenId, float>> eos_keep;
+  if (complete)
+    for (TokenId t : m.eos)
+      if (static_cast<size_t>(t) < n) eos_keep.emplace_back(t, logits[t]);
+  for (size_t w = 0; w * 64 < n; ++w) {
+    uint64_t off = ~(*bits)[w];
+    if (w * 64 + 64 > n) off &= (uint64_t{1} << (n - w * 64)) - 1;
+    if (off == ~uint64_t{0}) {
+      std::fill(logits.begin() + static_cast<std::ptrdiff_t>(w * 64), logits.begin() + static_cast<std::ptrdiff_t>(w * 64 + 64), ninf);
+      continue;
+    }
+    while (off) {
+      logits[w * 64 + static_cast<size_t>(__builtin_ctzll(off))] = ninf;
+      off &= off - 1;
+    }
+  }
+  for (const auto& [t, v] : eos_keep) logits[t] = v;
 }
 
 void TokenConstraint::accept(TokenId token) {

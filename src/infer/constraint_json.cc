@@ -65,6 +65,7 @@ bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
 class JsonState final : public StateImpl {
  public:
+  void walk(const VocabIndex& ix, void* ctx, TokenSink sink) const override { walk_trie(*this, ix, ctx, sink); }
   JsonState() {
     std::memset(&s_, 0, sizeof s_);
     s_.mode = kStart;

@@ -31,46 +31,40 @@ struct Args {
   }
 };
 
-std::string ascii_lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-std::string ascii_upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
-}
+std::string ascii_lower(const std::string& s) { return py_lower(s); }
+std::string ascii_upper(const std::string& s) { return py_upper(s); }
 
 // Python's str.title(): a cased character after an uncased one is upper-cased, others lowered.
 std::string py_title(const std::string& s) {
-  std::string out = s;
+  std::string out;
   bool prev_cased = false;
-  for (char& c : out) {
-    const auto u = static_cast<unsigned char>(c);
-    const bool cased = std::isalpha(u) != 0;
-    if (cased) c = static_cast<char>(prev_cased ? std::tolower(u) : std::toupper(u));
-    prev_cased = cased || (u >= 0x80 && prev_cased);
+  for (const std::string& ch : utf8_chars(s)) {
+    const bool cased = py_cased(ch);
+    out += cased ? (prev_cased ? py_lower(ch) : py_upper(ch)) : ch;
+    prev_cased = cased;
   }
   return out;
 }
 
 std::string py_capitalize(const std::string& s) {
-  std::string out = ascii_lower(s);
-  if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+  const auto cs = utf8_chars(s);
+  std::string out;
+  for (size_t k = 0; k < cs.size(); ++k) out += k == 0 ? py_upper(cs[k]) : py_lower(cs[k]);
   return out;
 }
 
-// jinja2's `title` filter: the first letter of every word (split at whitespace, - ( { [ <) upper.
+// jinja2's `title` filter: the first character of every word (split at whitespace, - ( { [ <)
+// upper-cased, the rest lowered.
 std::string jinja_title(const std::string& s) {
   std::string out;
   bool word_start = true;
-  for (const char ch : s) {
-    const auto u = static_cast<unsigned char>(ch);
-    const bool sep = std::isspace(u) || ch == '-' || ch == '(' || ch == '{' || ch == '[' || ch == '<';
+  for (const std::string& ch : utf8_chars(s)) {
+    const bool sep = space_at(ch, 0) != 0 || ch == "-" || ch == "(" || ch == "{" || ch == "[" || ch == "<";
     if (sep) {
       out += ch;
       word_start = true;
     } else {
-      out += static_cast<char>(word_start ? std::toupper(u) : std::tolower(u));
+      out += word_start ? py_upper(ch) : py_lower(ch);
       word_start = false;
     }
   }
@@ -174,7 +168,7 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
 
 void to_json(const Value& v, const JsonStyle& st, int level, std::string& out, Pos p) {
   if (out.size() > Limits::kMaxOutputBytes) fail(p, "tojson: output larger than the render limit");
-  if (level > Limits::kMaxNesting) fail(p, "tojson: value nested too deeply");
+  if (level > 1024) fail(p, "tojson: value nested too deeply");
   auto newline = [&](int lv) {
     if (!st.indent) return;
     out += '\n';
@@ -336,8 +330,26 @@ class Renderer {
     return Flow::Normal;
   }
 
+  // A stored value may not nest without bound (`{% set x = [x] %}` in a loop), and a namespace
+  // may not end up inside a namespace (a reference cycle).
+  static void check_storable(const Value& v, Pos p) {
+    if (v.depth > kMaxValueDepth)
+      fail(p, "value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  }
+  static bool holds_namespace(const Value& v) {
+    if (v.t == Value::T::Namespace) return true;
+    if (v.t == Value::T::Callable) return v.self && holds_namespace(*v.self);
+    if (v.t == Value::T::List) return std::any_of(v.list->begin(), v.list->end(), holds_namespace);
+    if (v.t == Value::T::Dict)
+      return std::any_of(v.dict->begin(), v.dict->end(), [](const auto& kv) { return holds_namespace(kv.second); });
+    return false;
+  }
+
   void assign(const Node& n, Value v) {
+    check_storable(v, n.pos);
     if (!n.attr.empty()) {
+      if (holds_namespace(v))
+        fail(n.pos, "unsupported construct: storing a namespace inside namespace attribute '" + n.attr + "'");
       const Value* ns = lookup(n.targets[0]);
       if (!ns || ns->t != Value::T::Namespace)
         fail(n.pos, "cannot assign attribute '" + n.attr + "' on " + (ns ? "a " + type_name(*ns) : "undefined '" + n.targets[0] + "'") +
@@ -460,7 +472,7 @@ class Renderer {
       case Expr::K::Tuple: {
         List l;
         for (const auto& k : e.kids) l.push_back(eval(*k));
-        return Value::of_list(std::move(l));
+        return e.k == Expr::K::Tuple ? Value::tuple(std::move(l)) : Value::of_list(std::move(l));
       }
       case Expr::K::Dict: {
         Dict d;
@@ -677,7 +689,7 @@ class Renderer {
     if (name == "dict.items" || name == "dict.keys" || name == "dict.values") {
       List l;
       for (const auto& [k, v] : *self.dict) {
-        if (name == "dict.items") l.push_back(Value::of_list({Value::string(k), v}));
+        if (name == "dict.items") l.push_back(Value::tuple({Value::string(k), v}));
         else if (name == "dict.keys") l.push_back(Value::string(k));
         else l.push_back(v);
       }
@@ -953,8 +965,9 @@ class Renderer {
     if (name == "callable") return v.t == Value::T::Callable;
     if (name == "lower" || name == "upper") {
       if (v.t != Value::T::String) return false;  // jinja2: str(value).islower() -- close enough for strings
-      const std::string conv = name == "lower" ? ascii_lower(v.s) : ascii_upper(v.s);
-      const bool cased = std::any_of(v.s.begin(), v.s.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
+      const std::string conv = name == "lower" ? py_lower(v.s) : py_upper(v.s);
+      const auto cs = utf8_chars(v.s);
+      const bool cased = std::any_of(cs.begin(), cs.end(), py_cased);
       return cased && conv == v.s;
     }
     if (name == "odd" || name == "even") {
@@ -1066,6 +1079,15 @@ class Renderer {
                                                count && count->t != Value::T::None ? as_int(*count, p, "count") : -1)),
                      p);
     }
+    if (name == "center") {
+      const Value* width = kw(0, "width");
+      const int64_t w = std::clamp<int64_t>(width ? as_int(*width, p, "width") : 80, 0, 4096);
+      const std::string s = str_of(v);
+      const auto n = static_cast<int64_t>(utf8_length(s));
+      if (w <= n) return Value::string(s);
+      const int64_t pad = w - n, left = pad / 2 + (pad & w & 1);  // CPython's str.center
+      return Value::string(std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(pad - left), ' '));
+    }
     if (name == "wordcount") return Value::integer(static_cast<int64_t>(split(str_of(v), std::nullopt, -1, p).size()));
     if (name == "indent") {
       // jinja2's do_indent: every line but the first gets the indent (blank lines only with
@@ -1157,7 +1179,7 @@ class Renderer {
       if (v.is_undefined()) return Value::of_list({});
       if (v.t != Value::T::Dict) fail(p, "items filter: expected a mapping, got " + type_name(v));
       List l;
-      for (const auto& [k, val] : *v.dict) l.push_back(Value::of_list({Value::string(k), val}));
+      for (const auto& [k, val] : *v.dict) l.push_back(Value::tuple({Value::string(k), val}));
       return Value::of_list(std::move(l));
     }
     if (v.is_undefined() && (name == "first" || name == "last"))

@@ -6,6 +6,8 @@
 
 #include "infer/jinja_value.h"
 
+#include "corelm/chat_template.h"
+
 namespace corelm::infer::jinja {
 
 const Value* Value::find(const std::string& key) const {
@@ -18,7 +20,10 @@ const Value* Value::find(const std::string& key) const {
 
 namespace {
 template <class J>
-Value from_json_impl(const J& j) {
+Value from_json_impl(const J& j, uint32_t depth = 0) {
+  if (depth > kMaxValueDepth)
+    throw TemplateError("chat template: the context nests lists/objects deeper than " + std::to_string(kMaxValueDepth) +
+                        " levels");
   switch (j.type()) {
     case J::value_t::null: return Value::none();
     case J::value_t::boolean: return Value::boolean(j.template get<bool>());
@@ -32,13 +37,13 @@ Value from_json_impl(const J& j) {
     case J::value_t::array: {
       List l;
       l.reserve(j.size());
-      for (const auto& e : j) l.push_back(from_json_impl(e));
+      for (const auto& e : j) l.push_back(from_json_impl(e, depth + 1));
       return Value::of_list(std::move(l));
     }
     case J::value_t::object: {
       Dict d;
       d.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json_impl(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json_impl(it.value(), depth + 1));
       return Value::of_dict(std::move(d));
     }
     default: return Value::none();
@@ -143,9 +148,10 @@ std::string repr(const Value& v) {
   switch (v.t) {
     case Value::T::String: return repr_string(v.s);
     case Value::T::List: {
-      std::string out = "[";
+      std::string out = v.b ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
-      return out + "]";
+      if (v.b && v.list->size() == 1) out += ",";
+      return out + (v.b ? ")" : "]");
     }
     case Value::T::Dict: {
       std::string out = "{";
@@ -194,7 +200,7 @@ bool equal(const Value& a, const Value& b) {
     case Value::T::None: return true;
     case Value::T::String: return a.s == b.s;
     case Value::T::List: {
-      if (a.list->size() != b.list->size()) return false;
+      if (a.b != b.b || a.list->size() != b.list->size()) return false;  // (1, 2) != [1, 2]
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equal((*a.list)[k], (*b.list)[k])) return false;
       return true;
@@ -293,6 +299,104 @@ std::string py_strip(const std::string& s, bool left, bool right) {
       e -= w;
     }
   return s.substr(b, e - b);
+}
+
+namespace {
+
+uint32_t decode(const std::string& ch) {
+  const auto c = static_cast<unsigned char>(ch[0]);
+  if (ch.size() == 1) return c;
+  uint32_t cp = c & (0x7F >> ch.size());
+  for (size_t k = 1; k < ch.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(ch[k]) & 0x3F);
+  return cp;
+}
+
+std::string encode(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+// Upper-case partner of a lower-case code point (0 when none in the covered ranges).
+uint32_t to_upper(uint32_t c) {
+  if (c >= 'a' && c <= 'z') return c - 32;
+  if (c == 0xB5) return 0x39C;
+  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 32;
+  if (c == 0xFF) return 0x178;
+  if (c >= 0x100 && c <= 0x17F) {
+    if (c == 0x131) return 'I';
+    if (c == 0x17F) return 'S';
+    if (c == 0x130 || c == 0x138 || c == 0x149) return 0;
+    const bool odd_lower = (c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177);
+    if (odd_lower) return (c & 1) ? c - 1 : 0;
+    return (c & 1) ? 0 : (c == 0x178 ? 0 : c - 1);  // 0x139..0x148 and 0x179..0x17E: even is lower
+  }
+  if (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) return c - 32;
+  if (c == 0x3C2) return 0x3A3;
+  if (c >= 0x3AC && c <= 0x3AF) return c == 0x3AC ? 0x386 : c - 37;  // ά έ ή ί
+  if (c >= 0x430 && c <= 0x44F) return c - 32;
+  if (c >= 0x450 && c <= 0x45F) return c - 80;
+  return 0;
+}
+
+uint32_t to_lower(uint32_t c) {
+  if (c >= 'A' && c <= 'Z') return c + 32;
+  if ((c >= 0xC0 && c <= 0xDE && c != 0xD7)) return c + 32;
+  if (c == 0x178) return 0xFF;
+  if (c >= 0x100 && c <= 0x17F) {
+    if (c == 0x130) return 0;  // İ lowers to two code points in Python: left as is
+    const bool even_upper = (c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177);
+    if (even_upper) return (c & 1) ? 0 : c + 1;
+    if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c & 1) ? c + 1 : 0;
+    return 0;
+  }
+  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;
+  if (c == 0x386) return 0x3AC;
+  if (c >= 0x388 && c <= 0x38A) return c + 37;
+  if (c >= 0x410 && c <= 0x42F) return c + 32;
+  if (c >= 0x400 && c <= 0x40F) return c + 80;
+  return 0;
+}
+
+}  // namespace
+
+std::string py_upper(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const std::string& ch : utf8_chars(s)) {
+    const uint32_t c = decode(ch);
+    if (c == 0xDF) {
+      out += "SS";
+      continue;
+    }
+    const uint32_t u = to_upper(c);
+    out += u ? encode(u) : ch;
+  }
+  return out;
+}
+
+std::string py_lower(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const std::string& ch : utf8_chars(s)) {
+    const uint32_t l = to_lower(decode(ch));
+    out += l ? encode(l) : ch;
+  }
+  return out;
+}
+
+bool py_cased(const std::string& ch) {
+  const uint32_t c = decode(ch);
+  return to_upper(c) != 0 || to_lower(c) != 0 || c == 0xDF;
 }
 
 }  // namespace corelm::infer::jinja

@@ -4,6 +4,7 @@
 // immutable once built (transformers renders in an ImmutableSandboxedEnvironment); only a
 // namespace() can be assigned to. Not a public contract: see include/corelm/chat_template.h.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@ struct Value {
   enum class T : uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Callable };
   T t = T::Undefined;
   bool b = false;
+  uint32_t depth = 0;  // nesting of lists / dicts inside this value (0 for scalars)
   int64_t i = 0;
   double f = 0;
   // String: the UTF-8 text. Undefined: what jinja2 would say when it is used ("'x' is undefined").
@@ -38,8 +40,22 @@ struct Value {
   static Value integer(int64_t x) { Value v; v.t = T::Int; v.i = x; return v; }
   static Value real(double x) { Value v; v.t = T::Float; v.f = x; return v; }
   static Value string(std::string x) { Value v; v.t = T::String; v.s = std::move(x); return v; }
-  static Value of_list(List x) { Value v; v.t = T::List; v.list = std::make_shared<const List>(std::move(x)); return v; }
-  static Value of_dict(Dict x) { Value v; v.t = T::Dict; v.dict = std::make_shared<const Dict>(std::move(x)); return v; }
+  static Value of_list(List x) {
+    Value v;
+    v.t = T::List;
+    for (const auto& e : x) v.depth = std::max(v.depth, e.depth + 1);
+    v.list = std::make_shared<const List>(std::move(x));
+    return v;
+  }
+  // A Python tuple: a List whose `b` is set, printed as (a, b) (dict.items() pairs, `(1, 2)`).
+  static Value tuple(List x) { Value v = of_list(std::move(x)); v.b = true; return v; }
+  static Value of_dict(Dict x) {
+    Value v;
+    v.t = T::Dict;
+    for (const auto& e : x) v.depth = std::max(v.depth, e.second.depth + 1);
+    v.dict = std::make_shared<const Dict>(std::move(x));
+    return v;
+  }
   static Value callable(std::string name) { return callable(std::move(name), Value()); }
   static Value callable(std::string name, Value self) {
     Value v;
@@ -55,6 +71,11 @@ struct Value {
   const Value* find(const std::string& key) const;
 };
 
+// How deep lists and dicts may nest, in the context and in what a template stores (`set`): keeps
+// printing, comparing and tojson (recursive) within the stack.
+constexpr uint32_t kMaxValueDepth = 256;
+
+// TemplateError when the JSON nests deeper than kMaxValueDepth.
 Value from_json(const nlohmann::json& j);
 Value from_json(const nlohmann::ordered_json& j);  // keeps the key order, as Python's json.loads
 bool truthy(const Value& v);
@@ -78,5 +99,11 @@ std::vector<std::string> utf8_chars(const std::string& s);
 size_t space_at(const std::string& s, size_t i);
 size_t space_before(const std::string& s, size_t end);
 std::string py_strip(const std::string& s, bool left, bool right);
+// Python's str.upper() / str.lower() for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic
+// (and ß -> SS); other scripts are left unchanged. Invalid UTF-8 bytes pass through.
+std::string py_upper(const std::string& s);
+std::string py_lower(const std::string& s);
+// Python's str.isalpha / cased test for one UTF-8 character under the same coverage.
+bool py_cased(const std::string& ch);
 
 }  // namespace corelm::infer::jinja

@@ -22,6 +22,7 @@
 #include <unordered_set>
 
 #include "corelm/autograd.h"
+#include "corelm/thread_pool.h"
 #include "infer/sequence_text.h"
 
 namespace corelm::infer {
@@ -94,6 +95,15 @@ struct Queued {
   std::shared_ptr<RequestObserver> obs;
 };
 
+// One row's sampling outcome (filled in parallel, consumed in row order).
+struct Pick {
+  TokenId token = 0;
+  bool has_lp = false;
+  TokenLogprob lp;
+  std::vector<TokenLogprob> top;
+  std::string error;  // non-empty: the request fails
+};
+
 struct Block {
   std::vector<TokenId> prefix;  // every token up to the block's end (verified on a hit)
   std::vector<float> kv;        // KVCache::read_block of the block's positions
@@ -129,10 +139,9 @@ struct Scheduler::Impl {
   std::unordered_map<uint64_t, Block> blocks;
   std::list<uint64_t> lru;  // most recent first
   SchedulerStats st;
-  std::vector<float> scratch, lp_buf;
+  std::vector<Pick> picks;  // per decode row, reused
   std::vector<int64_t> rows, ids;
   std::vector<Seq*> row_seq;
-  std::vector<TokenLogprob> top;
   std::thread thread;
 
   Impl(const model::Decoder& d, const Tokenizer& t, SchedulerOptions o) : decoder(d), tok(t), opt(std::move(o)) {
@@ -151,8 +160,6 @@ struct Scheduler::Impl {
     slot_owner.assign(static_cast<size_t>(opt.slots), nullptr);
     slot_seq.assign(static_cast<size_t>(opt.slots), 0);
     for (int64_t s = opt.slots; s-- > 0;) free_slots.push_back(s);  // lowest slot first (back)
-    scratch.resize(static_cast<size_t>(vocab));
-    lp_buf.resize(static_cast<size_t>(vocab));
     st.slots = opt.slots;
     st.kv_tokens_capacity = opt.slots * context;
     snap = st;
@@ -315,7 +322,11 @@ struct Scheduler::Impl {
         auto s = std::make_unique<Seq>(i, req.sampling, req.seed + static_cast<uint64_t>(i), req.prompt, tok, req.stop,
                                        allowed_vocab);
         s->owner = &r;
-        if (req.grammar) s->constraint.emplace(req.grammar, tok, r.eos);
+        // The other choices clone the first one's constraint (shares its vocabulary index and masks).
+        if (req.grammar) {
+          if (i == 0) s->constraint.emplace(req.grammar, tok, r.eos);
+          else s->constraint.emplace(r.seqs[0]->constraint->clone());
+        }
         r.seqs.push_back(std::move(s));
       }
     } catch (const std::exception& e) {
@@ -448,7 +459,8 @@ struct Scheduler::Impl {
     // Prefill: chunks in admission order within the budget; the first chunk always runs so a
     // step full of decode rows cannot starve prefill.
     int64_t used = static_cast<int64_t>(rows.size());
-    std::map<std::pair<int64_t, bool>, std::vector<Request*>> groups;  // (chunk length, final) -> requests
+    std::map<int64_t, std::vector<Request*>> full;  // chunk length -> requests (not their last chunk)
+    std::vector<std::pair<int64_t, Request*>> last;  // (length, request): last chunks
     bool any = false;
     for (auto& rp : active) {
       Request& r = *rp;
@@ -459,11 +471,31 @@ struct Scheduler::Impl {
       if (any && used + len > opt.step_token_budget) break;
       any = true;
       used += len;
-      groups[{len, end == r.prompt_len}].push_back(&r);
+      if (end == r.prompt_len) last.emplace_back(len, &r);
+      else full[len].push_back(&r);
     }
-    for (auto& [key, reqs] : groups) {
+    for (auto& [len, reqs] : full) {
       worked = true;
-      prefill(reqs, key.first, key.second);
+      prefill(reqs, len, false);
+    }
+    // Last chunks have any length: they share a forward right-padded to the longest (padding is
+    // never attended to, the rows' lengths are set back), as long as the padding at most doubles
+    // the work and stays inside the slots' context.
+    std::stable_sort(last.begin(), last.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t i = 0; i < last.size();) {
+      const int64_t T = last[i].first;
+      std::vector<Request*> group{last[i].second};
+      int64_t real = T;
+      size_t j = i + 1;
+      for (; j < last.size(); ++j) {
+        const auto [len, r] = last[j];
+        if (static_cast<int64_t>(group.size() + 1) * T > 2 * (real + len) || r->pos + T > context) break;
+        group.push_back(r);
+        real += len;
+      }
+      worked = true;
+      prefill(group, T, true);
+      i = j;
     }
     if (worked) ++st.steps;
   }
@@ -518,15 +550,54 @@ struct Scheduler::Impl {
           } else {
             Tensor logits = decoder.forward_cached(step_ids, *cache, *rr, model::Logits::All).contiguous();
             const float* data = logits.data<float>();
-            for (int64_t i = 0; i < b; ++i) take_guarded(*seqs[first + i], -1, data + i * vocab);
+            // Sampling is per row and independent: spread over the kernel thread pool (rows with a
+            // grammar stay on this thread: constraint clones share a mask cache). Then the
+            // tokens are taken in row order on this thread, which runs the callbacks.
+            if (picks.size() < static_cast<size_t>(b)) picks.resize(static_cast<size_t>(b));
+            auto pick_row = [&](int64_t i) {
+              Seq& s = *seqs[first + i];
+              Pick& p = picks[static_cast<size_t>(i)];
+              p.error.clear();
+              try {
+                pick(*s.owner, s, data + i * vocab, p);
+              } catch (const std::exception& e) {
+                p.error = e.what();
+                if (p.error.empty()) p.error = "sampling failed";
+              }
+            };
+            parallel_for(b, 1, [&](int64_t lo, int64_t hi) {
+              for (int64_t i = lo; i < hi; ++i)
+                if (!seqs[first + i]->constraint) pick_row(i);
+            });
+            for (int64_t i = 0; i < b; ++i)
+              if (seqs[first + i]->constraint) pick_row(i);
+            for (int64_t i = 0; i < b; ++i) {
+              Seq& s = *seqs[first + i];
+              Request& r = *s.owner;
+              if (s.done || r.gone) continue;
+              const Pick& p = picks[static_cast<size_t>(i)];
+              if (!p.error.empty()) {
+                fail(r, p.error);
+                continue;
+              }
+              try {
+                take(r, s, p.token, &p);
+              } catch (const std::exception& e) {
+                fail(r, e.what());
+              }
+            }
           }
         },
         [&](size_t i, const std::string& msg) { fail(*seqs[i]->owner, msg); });
   }
 
-  void prefill(const std::vector<Request*>& reqs, int64_t len, bool final) {
+  // One forward over the next chunk of each request, right-padded to `T` tokens; `final`: the
+  // requests' last chunks, whose last real positions give the first tokens' logits.
+  void prefill(const std::vector<Request*>& reqs, int64_t T, bool final) {
     std::vector<int64_t> prows;
     for (Request* r : reqs) prows.push_back(r->seqs[0]->slot);
+    const int64_t C = opt.prefill_chunk;
+    auto chunk_len = [&](const Request* r) { return std::min((r->pos / C + 1) * C, r->prompt_len) - r->pos; };
     guarded(
         prows, reqs.size(),
         [&](const std::vector<size_t>& only) {
@@ -534,19 +605,36 @@ struct Scheduler::Impl {
           if (only.empty()) sub = reqs;
           else sub = {reqs[only[0]]};
           const int64_t b = static_cast<int64_t>(sub.size());
-          std::vector<int64_t> rr(static_cast<size_t>(b));
-          ids.assign(static_cast<size_t>(b * len), 0);
+          const int64_t t = only.empty() ? T : chunk_len(sub[0]);
+          std::vector<int64_t> rr(static_cast<size_t>(b)), lens(static_cast<size_t>(b));
+          ids.assign(static_cast<size_t>(b * t), 0);
+          bool padded = false;
           for (int64_t i = 0; i < b; ++i) {
             rr[i] = sub[i]->seqs[0]->slot;
-            std::copy_n(sub[i]->req.prompt.begin() + sub[i]->pos, len, ids.begin() + i * len);
+            lens[i] = chunk_len(sub[i]);
+            padded = padded || lens[i] != t;
+            std::copy_n(sub[i]->req.prompt.begin() + sub[i]->pos, lens[i], ids.begin() + i * t);
           }
-          const Tensor chunk = Tensor::from_vector(ids, {b, len});
-          Tensor logits = decoder.forward_cached(chunk, *cache, rr, final ? model::Logits::Last : model::Logits::None);
-          if (final) logits = logits.contiguous();
+          const Tensor chunk = Tensor::from_vector(ids, {b, t});
+          Tensor logits;
+          if (!final) {
+            decoder.forward_cached(chunk, *cache, rr, model::Logits::None);
+          } else if (!padded) {
+            logits = decoder.forward_cached(chunk, *cache, rr, model::Logits::Last).contiguous();
+          } else {
+            // The LM head on each row's last real position: the same bits as Logits::Last.
+            const Tensor hidden = decoder.forward_cached(chunk, *cache, rr, model::Logits::None).contiguous();
+            const int64_t H = hidden.size(2);
+            Tensor at = Tensor::empty({b, H});
+            for (int64_t i = 0; i < b; ++i)
+              std::copy_n(hidden.data<float>() + (i * t + lens[i] - 1) * H, H, at.data<float>() + i * H);
+            logits = decoder.logits_from_hidden(at).contiguous();
+          }
           for (int64_t i = 0; i < b; ++i) {
             Request& r = *sub[i];
             try {
-              prefilled_chunk(r, len);
+              cache->set_length(rr[i], r.pos + lens[i]);  // forget the padding
+              prefilled_chunk(r, lens[i]);
               if (final) first_tokens(r, logits.data<float>() + i * vocab);
             } catch (const std::exception& e) {
               fail(r, e.what());
@@ -619,27 +707,34 @@ struct Scheduler::Impl {
     Request& r = *s.owner;
     if (s.done || r.gone) return;
     try {
-      if (logits) token = pick(r, s, logits);
-      take(r, s, token);
+      if (!logits) {
+        take(r, s, token, nullptr);
+        return;
+      }
+      Pick p;
+      pick(r, s, logits, p);
+      take(r, s, p.token, &p);
     } catch (const std::exception& e) {
       fail(r, e.what());
     }
   }
 
   // logits row -> token, with logit_bias, logprobs, penalties, the grammar mask and the sampler.
-  TokenLogprob chosen_lp;
-  bool have_lp = false;
-  TokenId pick(Request& r, Seq& s, const float* logits) {
+  // Touches only the sequence's own state and per-thread buffers, so rows without a grammar are
+  // picked in parallel.
+  void pick(const Request& r, Seq& s, const float* logits, Pick& out) const {
     const SequenceRequest& q = r.req;
-    float* x = scratch.data();
+    thread_local std::vector<float> x_buf, lp_buf;
+    x_buf.resize(static_cast<size_t>(vocab));
+    float* x = x_buf.data();
     std::copy_n(logits, vocab, x);
     const std::span<float> row(x, static_cast<size_t>(allowed_vocab));
     for (const auto& [id, bias] : q.logit_bias)
       if (id < allowed_vocab) x[id] += bias;
     double lse = 0;
-    have_lp = q.top_logprobs >= 0;
-    if (have_lp) {
-      std::copy_n(x, allowed_vocab, lp_buf.data());
+    out.has_lp = q.top_logprobs >= 0;
+    if (out.has_lp) {
+      lp_buf.assign(x, x + allowed_vocab);
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t i = 0; i < allowed_vocab; ++i) m = std::max(m, x[i]);
       double sum = 0;
@@ -651,26 +746,26 @@ struct Scheduler::Impl {
         if (id < allowed_vocab) x[id] -= q.presence_penalty + q.frequency_penalty * static_cast<float>(c);
     if (s.constraint) s.constraint->mask(row, remaining(r, s));
     const TokenId token = s.sampler.sample(row, s.context, allowed_vocab);
-    if (have_lp) {
-      chosen_lp = TokenLogprob{token, static_cast<float>(double(lp_buf[token]) - lse)};
-      top.clear();
+    out.token = token;
+    out.top.clear();
+    if (out.has_lp) {
+      out.lp = TokenLogprob{token, static_cast<float>(double(lp_buf[token]) - lse)};
       const size_t k = static_cast<size_t>(q.top_logprobs);
       if (k > 0) {
         // The k best by (logit desc, id asc), kept sorted in a small array.
         auto better = [](const TokenLogprob& a, const TokenLogprob& b) {
           return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
         };
+        auto& top = out.top;
         for (int64_t i = 0; i < allowed_vocab; ++i) {
           const TokenLogprob c{static_cast<TokenId>(i), lp_buf[i]};
           if (top.size() == k && !better(c, top.back())) continue;
-          auto at = std::upper_bound(top.begin(), top.end(), c, better);
-          top.insert(at, c);
+          top.insert(std::upper_bound(top.begin(), top.end(), c, better), c);
           if (top.size() > k) top.pop_back();
         }
         for (auto& t : top) t.logprob = static_cast<float>(double(t.logprob) - lse);
       }
     }
-    return token;
   }
 
   // Tokens this sequence may still produce, this one included.
@@ -678,7 +773,7 @@ struct Scheduler::Impl {
     return std::min(r.req.max_new_tokens - s.generated, context - static_cast<int64_t>(s.context.size()));
   }
 
-  void take(Request& r, Seq& s, TokenId token) {
+  void take(Request& r, Seq& s, TokenId token, const Pick* p) {
     const bool eos = std::find(r.eos.begin(), r.eos.end(), token) != r.eos.end();
     s.context.push_back(token);
     ++s.generated;
@@ -697,9 +792,8 @@ struct Scheduler::Impl {
         s.generated >= r.req.max_new_tokens || static_cast<int64_t>(s.context.size()) >= context;
     const char* end = grammar_done ? "stop" : out_of_budget ? "length" : nullptr;
     const std::string piece = s.text.accept(token, eos, end);
-    const bool lp = have_lp && r.req.top_logprobs >= 0;
-    guard_callback([&] { r.obs->on_token(s.index, token, piece, lp ? &chosen_lp : nullptr, lp ? &top : nullptr); });
-    have_lp = false;
+    const bool lp = p && p->has_lp;
+    guard_callback([&] { r.obs->on_token(s.index, token, piece, lp ? &p->lp : nullptr, lp ? &p->top : nullptr); });
     if (s.text.finished()) {
       s.done = true;
       free_slot(s);

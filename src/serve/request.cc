@@ -346,6 +346,7 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body, co
     if (!c) reject("content", "'content' is required");
     r.content = get_string(*c, "content");
     if (const json* v = field(b, "add_special")) r.add_special = get_bool(*v, "add_special");
+    if (const json* v = field(b, "parse_special")) r.parse_special = get_bool(*v, "parse_special");
     if (const json* v = field(b, "with_pieces")) r.with_pieces = get_bool(*v, "with_pieces");
     return r;
   } catch (Reject& e) {

@@ -86,7 +86,7 @@ ParseResult parse_request(Endpoint endpoint, std::string_view body, const Reques
 // Body of /tokenize and /detokenize (llama-server's shapes).
 struct TokenizeRequest {
   std::string model, content;
-  bool add_special = false, with_pieces = false;
+  bool add_special = false, parse_special = false, with_pieces = false;
 };
 struct DetokenizeRequest {
   std::string model;

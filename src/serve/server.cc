@@ -574,6 +574,7 @@ struct Server::Impl {
       const Tokenizer& tok = *l->ckpt.model.tokenizer;
       EncodeOptions eo;
       eo.add_special = r.add_special;
+      eo.parse_special = r.parse_special;
       const auto toks = tok.encode(r.content, eo);
       json out;
       if (r.with_pieces) {

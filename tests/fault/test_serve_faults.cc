@@ -61,6 +61,16 @@ class ServeFaults : public ::testing::Test {
     }
     return false;
   }
+  static bool wait_metric(int port, const std::string& line, double timeout_s) {
+    httplib::Client c("127.0.0.1", port);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto r = c.Get("/metrics");
+      if (r && r->body.find(line) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
   static std::string long_stream_body(int max_tokens) {
     json b = {{"model", "slow"}, {"prompt", "the cat"}, {"max_tokens", max_tokens}, {"stream", true}};
     if (eos_ >= 0) b["logit_bias"] = {{std::to_string(eos_), -100}};  // runs the whole max_tokens
@@ -121,13 +131,18 @@ TEST_F(ServeFaults, QueueFullIs429WithRetryAfter) {
   ASSERT_TRUE(wait_healthy(port)) << s.log();
   // Two long streams hold the slot and the queue place; raw sockets so they can be dropped.
   int fds[2];
-  for (int& fd : fds) {
+  for (int k = 0; k < 2; ++k) {
+    int& fd = fds[k];
     fd = testing::connect_local(port);
     ASSERT_GE(fd, 0);
     ASSERT_TRUE(testing::send_all(fd, testing::http_post_raw("/v1/completions", long_stream_body(3500))));
     // The response head (status 200) arrives once the request is queued.
     const std::string head = testing::recv_until(fd, "\r\n\r\n", 10);
     ASSERT_NE(head.find("200"), std::string::npos) << head;
+    // The first must hold the slot before the second takes the queue place.
+    if (k == 0) {
+      ASSERT_TRUE(wait_metric(port, "\ncorelm_slots_busy 1\n", 10));
+    }
   }
   for (bool stream : {false, true}) {
     json body = {{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 2}, {"stream", stream}};

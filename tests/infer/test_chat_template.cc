@@ -218,6 +218,14 @@ TEST(ChatTemplate, LimitsStopHostileTemplates) {
                 .find("larger than"),
             std::string::npos);
   EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("overflow"), std::string::npos);
+  // Values cannot nest without bound, nor a namespace hold itself (a reference cycle).
+  EXPECT_NE(error_of("{% set ns = namespace(x=1) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}")
+                .find("nested deeper"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}").find("namespace"), std::string::npos);
+  json nested = 1;
+  for (int k = 0; k < 300; ++k) nested = json::array({nested});
+  EXPECT_NE(error_of("{{ d }}", {{"d", nested}}).find("deeper"), std::string::npos);
 }
 
 TEST(ChatTemplate, DefaultTemplateIsChatML) {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +18,7 @@
 
 #include "corelm/error.h"
 #include "corelm/generate.h"
+#include "corelm/random.h"
 
 namespace corelm::infer {
 namespace {
@@ -223,6 +225,61 @@ TEST(Sampler, SameSeedSameTokensDifferentSeedDifferent) {
   };
   EXPECT_EQ(run(42), run(42));
   EXPECT_NE(run(42), run(43));
+}
+
+// The sampler sorts a whole vocabulary for top-p with a radix sort; this is the plain
+// std::sort version of the same draw (HF's top-p, softmax in double, one uniform per token), and
+// both must pick the same tokens, ties (many equal logits, -0 and +0) included.
+TokenId top_p_reference(std::vector<float> logits, float temperature, float top_p, Generator& gen) {
+  std::vector<std::pair<float, TokenId>> c;
+  for (size_t i = 0; i < logits.size(); ++i) c.emplace_back(logits[i] / temperature, static_cast<TokenId>(i));
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  auto probs = [&] {
+    std::vector<double> p(c.size());
+    double top = c.front().first, total = 0;
+    for (const auto& x : c) top = std::max(top, double(x.first));
+    for (size_t i = 0; i < c.size(); ++i) total += p[i] = std::exp(double(c[i].first) - top);
+    for (double& x : p) x /= total;
+    return p;
+  };
+  std::vector<double> p = probs();
+  double cumulative = 0;
+  size_t keep = c.size();
+  for (size_t i = c.size(); i-- > 1;) {
+    cumulative += p[i];
+    if (cumulative <= 1.0 - double(top_p)) keep = i;
+    else break;
+  }
+  c.resize(keep);
+  p = probs();
+  double u = gen.uniform();
+  cumulative = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    cumulative += p[i];
+    if (u < cumulative) return c[i].second;
+  }
+  return c.back().second;
+}
+
+TEST(Sampler, TopPOverAWholeVocabularyDrawsAsAFullSort) {
+  SamplingOptions o;
+  o.temperature = 0.7f;
+  o.top_p = 0.9f;
+  for (uint64_t seed = 0; seed < 40; ++seed) {
+    std::vector<float> logits(3000);
+    uint64_t x = seed * 2654435761u + 1;
+    for (auto& l : logits) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      l = float(int64_t(x % 41) - 20) * 0.25f;  // few distinct values: many ties
+      if (x % 97 == 0) l = (x & 1) ? -0.0f : 0.0f;
+    }
+    Sampler s(o, seed);
+    Generator g(seed);
+    for (int step = 0; step < 5; ++step) {
+      auto a = logits;
+      EXPECT_EQ(s.sample(a, {}), top_p_reference(logits, o.temperature, o.top_p, g)) << "seed " << seed << " step " << step;
+    }
+  }
 }
 
 TEST(Sampler, AllowedVocabMasksPaddedIds) {

@@ -27,6 +27,7 @@
 #include "corelm/generate.h"
 #include "corelm/model.h"
 #include "corelm/scheduler.h"
+#include "corelm/thread_pool.h"
 #include "corelm/tokenizer.h"
 
 namespace corelm::infer {
@@ -251,6 +252,36 @@ TEST_F(SchedulerTest, StaggeredArrivalsEachEqualASoloRun) {
     const SchedulerStats st = s.stats();
     EXPECT_EQ(st.requests_finished, reqs.size());
     EXPECT_EQ(st.slots_busy, 0);
+  }
+}
+
+TEST_F(SchedulerTest, LastChunksOfDifferentLengthsShareAPaddedForward) {
+  SchedulerOptions o = small_options();
+  o.slots = 5;
+  o.step_token_budget = 64;
+  for (bool fast : {false, true}) {
+    model::Decoder d(model_->config());
+    for (const auto& [name, t] : model_->named_parameters()) d.load_parameter(name, t);
+    if (fast) d.prepare_inference();
+    TextGenerator gen(d, *tokenizer_);
+    Scheduler s(d, *tokenizer_, o);
+    auto blocker = std::make_shared<Recorder>();
+    blocker->block_first_token = true;
+    s.submit(greedy(prompt(3, 1), 2), blocker);
+    std::this_thread::sleep_for(20ms);  // the loop now waits in the blocker's first token
+    std::vector<SequenceRequest> reqs;
+    std::vector<std::shared_ptr<Recorder>> got;
+    for (int64_t len : {5, 7, 4, 14}) {  // admitted together: last chunks of 5, 7, 4 and 6 tokens
+      reqs.push_back(len % 2 ? sampled(prompt(len, len), 8, 3) : greedy(prompt(len, len), 8));
+      got.push_back(std::make_shared<Recorder>());
+      s.submit(reqs.back(), got.back());
+    }
+    blocker->release();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(got[i]->wait());
+      EXPECT_EQ(got[i]->tokens[0], gen.generate_ids({reqs[i].prompt}, gen_options(reqs[i])).front().tokens)
+          << "request " << i << (fast ? " fast path" : " reference path");
+    }
   }
 }
 
@@ -602,6 +633,89 @@ TEST_F(SchedulerTest, GrammarConstrainsTheOutput) {
   EXPECT_TRUE(t.substr(sp) == " cat" || t.substr(sp) == " dog") << t;
 }
 
+// A grammar that fails: in start() (at admission) or after `budget` bytes (mid-decode).
+class FailingGrammar : public Grammar {
+ public:
+  FailingGrammar(bool in_start, int budget) : in_start_(in_start), budget_(budget) {}
+  std::unique_ptr<GrammarState> start() const override {
+    if (in_start_) throw std::runtime_error("grammar start failed");
+    return std::make_unique<State>(budget_);
+  }
+  std::string describe() const override { return "failing"; }
+
+ private:
+  struct State : GrammarState {
+    explicit State(int n) : left(n) {}
+    std::unique_ptr<GrammarState> clone() const override { return std::make_unique<State>(left); }
+    bool advance(std::string_view bytes) override {
+      left -= static_cast<int>(bytes.size());
+      if (left < 0) throw std::runtime_error("grammar state failed");
+      return true;
+    }
+    bool accepts() const override { return false; }
+    bool can_continue() const override { return true; }
+    int64_t min_bytes_to_accept() const override { return 1; }
+    void next_bytes(bool out[256]) const override { std::fill(out, out + 256, true); }
+    int left;
+  };
+  bool in_start_;
+  int budget_;
+};
+
+TEST_F(SchedulerTest, ARequestThatFailsGetsOnErrorAndOthersGoOn) {
+  Scheduler s(*model_, *tokenizer_, small_options());
+  const SequenceRequest ok = greedy(prompt(6, 4), 10);
+  for (bool in_start : {true, false}) {
+    SequenceRequest bad = greedy(prompt(5, 3), 10);
+    bad.grammar = std::make_shared<FailingGrammar>(in_start, 4);
+    bad.n = 2;
+    auto b = std::make_shared<Recorder>(2);
+    auto g = std::make_shared<Recorder>();
+    s.submit(ok, g);
+    s.submit(bad, b);
+    ASSERT_TRUE(b->wait());
+    ASSERT_TRUE(g->wait());
+    EXPECT_NE(b->error.find("grammar"), std::string::npos) << b->error;
+    EXPECT_EQ(b->finished, 0) << "no on_finished after on_error";
+    EXPECT_EQ(g->tokens[0], solo(ok)->tokens[0]);
+    EXPECT_EQ(g->reasons[0], "length");
+  }
+  ASSERT_TRUE(s.drain(std::chrono::steady_clock::now() + 10s));
+  EXPECT_EQ(s.stats().slots_busy, 0);
+}
+
+TEST_F(SchedulerTest, RowsSampledOnSeveralThreadsEqualSoloRuns) {
+  std::vector<SequenceRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    reqs.push_back(sampled(prompt(4 + i, 200 + i), 10, 50 + i));
+    if (i % 3 == 1) reqs.back().top_logprobs = 3;
+    if (i % 3 == 2) reqs.back().frequency_penalty = 0.7f;
+  }
+  std::vector<std::shared_ptr<Recorder>> want;
+  for (const auto& r : reqs) want.push_back(solo(r));
+  const int before = num_threads();
+  set_num_threads(3);
+  {
+    SchedulerOptions o = small_options();
+    o.slots = 6;
+    o.step_token_budget = 64;
+    Scheduler s(*model_, *tokenizer_, o);
+    std::vector<std::shared_ptr<Recorder>> got;
+    for (const auto& r : reqs) {
+      got.push_back(std::make_shared<Recorder>());
+      s.submit(r, got.back());
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(got[i]->wait());
+      EXPECT_EQ(got[i]->tokens[0], want[i]->tokens[0]) << "request " << i;
+      ASSERT_EQ(got[i]->logprobs[0].size(), want[i]->logprobs[0].size());
+      for (size_t k = 0; k < got[i]->logprobs[0].size(); ++k)
+        EXPECT_EQ(got[i]->logprobs[0][k].logprob, want[i]->logprobs[0][k].logprob);
+    }
+  }
+  set_num_threads(before);
+}
+
 TEST_F(SchedulerTest, ObserverExceptionsDoNotStopOthers) {
   struct Thrower : Recorder {
     void on_token(int, TokenId, const std::string&, const TokenLogprob*, const std::vector<TokenLogprob>*) override {
@@ -714,7 +828,11 @@ TEST(SchedulerBench, DISABLED_ThroughputTinyShape) {
     std::cout << "[ generator ] the same 64 prompts as one batch: " << 64 * 64 / secs << " generated tok/s (decode only "
               << out[0].decode_tok_s << ")\n";
   }
-  for (auto [slots, temperature] : {std::pair<int64_t, float>{64, 0.0f}, {16, 0.0f}, {64, 0.8f}}) {
+  struct Load {
+    int64_t slots;
+    float temperature, top_p;
+  };
+  for (auto [slots, temperature, top_p] : {Load{64, 0.0f, 1.0f}, Load{16, 0.0f, 1.0f}, Load{64, 1.0f, 1.0f}, Load{64, 0.8f, 0.95f}}) {
     SchedulerOptions o;
     o.slots = slots;
     o.context = 512;
@@ -726,7 +844,7 @@ TEST(SchedulerBench, DISABLED_ThroughputTinyShape) {
       for (int64_t id : testing::random_ids(16, c.vocab_size, 900 + i)) r.prompt.push_back(static_cast<TokenId>(id));
       r.max_new_tokens = 64;
       r.sampling.temperature = temperature;  // 0: greedy
-      r.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
+      r.sampling.top_p = top_p;
       r.seed = static_cast<uint64_t>(i);
       r.stop_at_eos = false;
       got.push_back(std::make_shared<Recorder>());
@@ -739,7 +857,7 @@ TEST(SchedulerBench, DISABLED_ThroughputTinyShape) {
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cout << "[ scheduler ] 64 requests x 64 tokens (16-token prompts), tiny shape bf16, "
-              << (temperature > 0 ? "temperature 0.8 top_p 0.95, " : "greedy, ") << slots
+              << (temperature > 0 ? "temperature " + std::to_string(temperature) + " top_p " + std::to_string(top_p) + ", " : std::string("greedy, ")) << slots
               << " slots: " << tokens << " tokens in " << secs << " s = " << tokens / secs << " generated tok/s ("
               << s.stats().steps << " steps)\n";
   }

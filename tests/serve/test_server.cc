@@ -206,22 +206,73 @@ TEST_F(ServeTest, ChatNonStreamedAndStreamed) {
 }
 
 TEST_F(ServeTest, StopStringCutsTheText) {
-  json body = {{"prompt", "the cat"}, {"max_tokens", 40}, {"temperature", 0}, {"logit_bias", no_eos()}};
+  // logit_bias +100 on one token makes greedy output that token over and over ("catcatcat..."),
+  // so a stop string spanning two copies has a known cut.
+  auto [s1, t] = post("/tokenize", {{"content", "market prices river stone storm night"}, {"with_pieces", true}});
+  ASSERT_EQ(s1, 200);
+  int id = -1;
+  std::string piece;
+  for (const auto& e : t["tokens"])
+    if (e["piece"].is_string() && e["piece"].get<std::string>().size() > piece.size()) {
+      id = e["id"];
+      piece = e["piece"];
+    }
+  ASSERT_GE(piece.size(), 2u) << t.dump();
+  json body = {{"prompt", "the"}, {"max_tokens", 8}, {"temperature", 0}, {"logit_bias", {{std::to_string(id), 100}}}};
   auto [st, whole] = post("/v1/completions", body);
   ASSERT_EQ(st, 200);
-  const std::string text = whole["choices"][0]["text"];
-  // Two ASCII characters from the second half (a byte-level model may emit any bytes).
-  std::string stop;
-  for (size_t i = text.size() / 2; i + 1 < text.size() && stop.empty(); ++i)
-    if (static_cast<unsigned char>(text[i]) < 128 && static_cast<unsigned char>(text[i + 1]) < 128 && text[i] >= ' ')
-      stop = text.substr(i, 2);
-  if (stop.empty()) GTEST_SKIP() << "no ASCII pair in the generated text to use as a stop string";
-  body["stop"] = stop;
+  std::string expect_full;
+  for (int i = 0; i < 8; ++i) expect_full += piece;
+  EXPECT_EQ(whole["choices"][0]["text"], expect_full);
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
+  const std::string stop = piece.substr(piece.size() - 1) + piece.substr(0, 1);  // "tc"
+  body["stop"] = {stop, "never-seen"};
   auto [st2, cut] = post("/v1/completions", body);
   ASSERT_EQ(st2, 200);
-  const std::string got = cut["choices"][0]["text"];
-  EXPECT_EQ(got, text.substr(0, text.find(stop)));
+  EXPECT_EQ(cut["choices"][0]["text"], expect_full.substr(0, expect_full.find(stop)));
   EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+  body["stream"] = true;
+  std::string streamed;
+  for (const auto& e : stream("/v1/completions", body))
+    if (e != "[DONE]") streamed += json::parse(e)["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(streamed, cut["choices"][0]["text"]);
+}
+
+TEST_F(ServeTest, LogprobsShapes) {
+  auto [st, r] = post("/v1/completions", {{"prompt", "the"}, {"max_tokens", 4}, {"logprobs", 2}, {"logit_bias", no_eos()}});
+  ASSERT_EQ(st, 200) << r.dump();
+  const auto& lp = r["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << r.dump();
+  EXPECT_EQ(lp["tokens"].size(), 4u);
+  EXPECT_EQ(lp["token_logprobs"].size(), 4u);
+  EXPECT_EQ(lp["top_logprobs"].size(), 4u);
+  for (const auto& v : lp["token_logprobs"]) EXPECT_LE(v.get<double>(), 0.0);
+  EXPECT_LE(lp["top_logprobs"][0].size(), 2u);
+  auto [st2, c] = post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3},
+                                                {"logprobs", true}, {"top_logprobs", 3}, {"logit_bias", no_eos()}});
+  ASSERT_EQ(st2, 200) << c.dump();
+  const auto& content = c["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u) << c.dump();
+  for (const auto& e : content) {
+    EXPECT_TRUE(e["token"].is_string());
+    EXPECT_TRUE(e["bytes"].is_array());
+    EXPECT_EQ(e["top_logprobs"].size(), 3u);
+  }
+}
+
+TEST_F(ServeTest, ConstrainedChoices) {
+  auto [st, r] = post("/v1/completions", {{"prompt", "the"}, {"max_tokens", 10}, {"choices", {"yes", "no"}}, {"n", 2},
+                                          {"temperature", 1.0}, {"seed", 3}});
+  if (st == 400 && r["error"]["code"] == "unsupported_grammar") GTEST_SKIP() << r.dump();
+  ASSERT_EQ(st, 200) << r.dump();
+  for (const auto& c : r["choices"]) {
+    const std::string t = c["text"];
+    EXPECT_TRUE(t == "yes" || t == "no") << t;
+    EXPECT_EQ(c["finish_reason"], "stop");
+  }
+  auto [st2, e] = post("/v1/completions", {{"prompt", "the"}, {"regex", "(unclosed"}});
+  EXPECT_EQ(st2, 400);
+  EXPECT_EQ(e["error"]["param"], "regex");
 }
 
 TEST_F(ServeTest, RequestErrors) {
@@ -285,6 +336,108 @@ TEST(ServeOptionsTest, ValidationAndIds) {
   o.slots = 2;
   EXPECT_NO_THROW(o.validate());
   EXPECT_THROW(Server{o}, IOError);  // the path does not exist
+}
+
+}  // namespace
+}  // namespace corelm::serve
+
+namespace corelm::serve {
+namespace {
+
+// Concurrent requests through HTTP give each the tokens it gets alone (batch invariance).
+TEST_F(ServeTest, ConcurrentRequestsMatchSoloRuns) {
+  std::vector<json> bodies;
+  for (int i = 0; i < 6; ++i)
+    bodies.push_back({{"prompt", std::string("the ") + (i % 2 ? "cat sat" : "river rose") + std::string(i, '!')},
+                      {"max_tokens", 12}, {"temperature", i < 3 ? 0.0 : 1.0}, {"seed", 100 + i}, {"logit_bias", no_eos()}});
+  std::vector<std::string> solo;
+  for (const auto& b : bodies) solo.push_back(post("/v1/completions", b).second["choices"][0]["text"]);
+  std::vector<std::string> together(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i)
+    threads.emplace_back([&, i] { together[i] = post("/v1/completions", bodies[i]).second["choices"][0]["text"]; });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(together[i], solo[i]) << i;
+}
+
+// --models-dir: every model listed, loaded on first use, at most --max-loaded held.
+TEST(ServeModelsDir, LazyLoadAndLruBound) {
+  const fs::path root = fs::temp_directory_path() / ("corelm_serve_dir_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  testing::make_model_dir(root / "models" / "alpha", {}, 1);
+  testing::make_model_dir(root / "models" / "beta", {}, 2);
+  fs::create_directories(root / "models" / "not-a-model");
+  ServeOptions o;
+  o.models_dir = (root / "models").string();
+  o.max_loaded = 1;
+  o.port = 0;
+  o.slots = 2;
+  Server server(o);
+  const int port = server.bind();
+  std::thread t([&] { server.serve(); });
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(20, 0);
+  auto status_of = [&](const std::string& id) {
+    auto r = c.Get("/v1/models");
+    const json list = json::parse(r->body);
+    for (const auto& m : list["data"])
+      if (m["id"] == id) return m["status"].get<std::string>();
+    return std::string("absent");
+  };
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);  // nothing to load at start
+  EXPECT_EQ(status_of("alpha"), "unloaded");
+  EXPECT_EQ(status_of("beta"), "unloaded");
+  EXPECT_EQ(status_of("not-a-model"), "absent");
+  auto ra = c.Post("/v1/completions", json({{"model", "alpha"}, {"prompt", "the"}, {"max_tokens", 2}}).dump(), "application/json");
+  ASSERT_TRUE(ra);
+  EXPECT_EQ(ra->status, 200) << ra->body;
+  EXPECT_EQ(status_of("alpha"), "loaded");
+  auto rb = c.Post("/v1/completions", json({{"model", "beta"}, {"prompt", "the"}, {"max_tokens", 2}}).dump(), "application/json");
+  ASSERT_TRUE(rb);
+  EXPECT_EQ(rb->status, 200) << rb->body;
+  EXPECT_EQ(status_of("beta"), "loaded");
+  EXPECT_EQ(status_of("alpha"), "unloaded");  // the LRU bound of 1
+  auto rn = c.Post("/v1/completions", json({{"prompt", "the"}}).dump(), "application/json");
+  ASSERT_TRUE(rn);
+  EXPECT_EQ(rn->status, 400);  // two models: "model" is required
+  server.shutdown();
+  t.join();
+  fs::remove_all(root);
+}
+
+// A --model that fails to load: /health says so (503 with the error), requests get 500.
+TEST(ServeStartup, BrokenModelIsReportedNotFatal) {
+  const fs::path root = fs::temp_directory_path() / ("corelm_serve_broken_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  testing::make_model_dir(root / "broken");
+  { std::ofstream(root / "broken" / "model.safetensors", std::ios::trunc) << "garbage"; }
+  ServeOptions o;
+  o.models = {(root / "broken").string()};
+  o.port = 0;
+  Server server(o);
+  const int port = server.bind();
+  std::thread t([&] { server.serve(); });
+  httplib::Client c("127.0.0.1", port);
+  json health;
+  for (int i = 0; i < 200; ++i) {
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 503);
+    health = json::parse(h->body);
+    if (health["status"] == "error") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(health["status"], "error");
+  EXPECT_NE(health["error"].get<std::string>().find("model.safetensors"), std::string::npos) << health.dump();
+  auto r = c.Post("/v1/completions", R"({"prompt":"x"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "model_load_failed");
+  server.shutdown();
+  t.join();
+  fs::remove_all(root);
 }
 
 }  // namespace
