@@ -523,6 +523,7 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
   std::unique_ptr<Tokenizer> tokenizer;
   std::string tokenizer_dir;  // where a directory-style checkpoint looks for its tokenizer
   std::string gen_source;     // generation_config.json when there is one
+  bool bos_named = false, eos_named = false;  // tokenizer_config.json names bos_token / eos_token
   int64_t vocab_size = 0;
 
   if (ck.format == "model-dir" || ck.format == "safetensors") {
@@ -573,6 +574,9 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
       ck.chat_template = chat_template_field(tc, tok_config.string(), ck.warnings);
       ck.bos_token = special_token_text(tc, "bos_token");
       ck.eos_token = special_token_text(tc, "eos_token");
+      // A key that is there (even null: Qwen's "bos_token": null) is the model's word: no fallback.
+      bos_named = tc.is_object() && tc.contains("bos_token");
+      eos_named = tc.is_object() && tc.contains("eos_token");
     }
     const fs::path template_file = dir / "chat_template.jinja";
     if (fs::exists(template_file)) ck.chat_template = read_text_file(template_file.string(), kMaxTemplateBytes);
@@ -654,10 +658,11 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
       return id && *id >= 0 && static_cast<size_t>(*id) < tokenizer->vocab_size() ? std::string(tokenizer->token_bytes(*id))
                                                                                  : std::string();
     };
-    if (ck.bos_token.empty()) ck.bos_token = text_of(tokenizer->bos_id());
-    if (ck.bos_token.empty() && ck.bos_id >= 0) ck.bos_token = text_of(static_cast<TokenId>(ck.bos_id));
-    if (ck.eos_token.empty()) ck.eos_token = text_of(tokenizer->eos_id());
-    if (ck.eos_token.empty() && !ck.eos_ids.empty()) ck.eos_token = text_of(static_cast<TokenId>(ck.eos_ids.front()));
+    if (ck.bos_token.empty() && !bos_named) ck.bos_token = text_of(tokenizer->bos_id());
+    if (ck.bos_token.empty() && !bos_named && ck.bos_id >= 0) ck.bos_token = text_of(static_cast<TokenId>(ck.bos_id));
+    if (ck.eos_token.empty() && !eos_named) ck.eos_token = text_of(tokenizer->eos_id());
+    if (ck.eos_token.empty() && !eos_named && !ck.eos_ids.empty())
+      ck.eos_token = text_of(static_cast<TokenId>(ck.eos_ids.front()));
   }
   return Checkpoint{LoadedModel{std::move(decoder), std::move(tokenizer)}, ck.format, ck.eos_ids, ck.bos_id,
                     std::move(ck.tokenizer_source), std::move(ck.chat_template), std::move(ck.bos_token),

@@ -111,6 +111,21 @@ TEST(ChatTemplateLoad, ChatTemplateJinjaFileTakesPrecedence) {
   EXPECT_EQ(model::load_model(dir).chat_template, "FROM FILE {{ messages | length }}");
 }
 
+// bos/eos texts fall back to the tokenizer's special ids only when tokenizer_config.json does not
+// name them; a null there (Qwen's "bos_token": null) means none.
+TEST(ChatTemplateLoad, SpecialTokenTextsFallBackToTheTokenizerIds) {
+  Scratch s;
+  const std::string dir = model_folder(s, {{"bos_token", nullptr}});
+  const Checkpoint named_null = model::load_model(dir);
+  EXPECT_EQ(named_null.bos_token, "");
+  // Through GGUF the texts come from tokenizer.ggml.bos/eos_token_id.
+  model::save_model(named_null, s / "m.gguf", {});
+  const Checkpoint gguf = model::load_model(s / "m.gguf");
+  ASSERT_NE(gguf.model.tokenizer, nullptr);
+  const auto eos = gguf.model.tokenizer->eos_id();
+  EXPECT_EQ(gguf.eos_token, eos ? std::string(gguf.model.tokenizer->token_bytes(*eos)) : std::string());
+}
+
 TEST(ChatTemplateLoad, NoTemplateIsEmpty) {
   Scratch s;
   const Checkpoint ck = model::load_model(model_folder(s, nullptr));
