@@ -14,7 +14,8 @@
 #   SLOTS (64) CTX (512 per slot) CLIENTS (64) REQUESTS (256) MAX_TOKENS (64) SEED (1)
 #   DTYPE         GGUF weight type (bf16 | f32 | q8_0; default bf16)
 #   MODEL_SRC     model to convert (default /work/pretrained/tiny-corpus-17M when present, else a
-#                 random-weight `tiny` made like bench/llama_cpp_peer.sh does); GGUF=path skips it
+#                 random-weight `tiny` made like bench/llama_cpp_peer.sh does, also with MODEL_SRC=random);
+#                 GGUF=path skips the conversion
 #   ONLY          llama | corelm: run one server only (the other's JSON already in out-dir, if any,
 #                 still goes into serve_bench.json and the ratios)
 #   LLAMA_CPP_BIN (default build/llama.cpp/bin)   NICE (default 10)
@@ -71,7 +72,7 @@ gguf="${GGUF:-}"
 if [[ -z $gguf ]]; then
   src="${MODEL_SRC:-}"
   if [[ -z $src && -f /work/pretrained/tiny-corpus-17M/config.json ]]; then src=/work/pretrained/tiny-corpus-17M; fi
-  if [[ -z $src ]]; then
+  if [[ -z $src || $src == random ]]; then
     src="$work/random-tiny"
     if [[ ! -f $src/config.json ]]; then
       echo "serve_bench: making a random-weight tiny model in $src"
@@ -86,7 +87,8 @@ if [[ -z $gguf ]]; then
   fi
   gguf="$work/$(basename "$src")-$dtype.gguf"
   if [[ ! -f $gguf ]]; then
-    "$corelm" convert "$src" "$gguf.tmp" --to gguf --dtype "$dtype" >/dev/null
+    "$corelm" convert "$src" "$gguf.tmp" --to gguf --dtype "$dtype" > "$work/convert.log" 2>&1 ||
+      { cat "$work/convert.log" >&2; exit 1; }
     mv "$gguf.tmp" "$gguf"
   fi
 fi
