@@ -7,8 +7,11 @@ Starts `BIN serve --model DIR --host 127.0.0.1 --port 0 --api-key K`, waits for 
 check below against it through openai.OpenAI (and raw httpx where the wire format itself is the
 point), kills the server, prints one line per check and a summary; exits 0 only when all passed.
 DIR is a model folder whose tokenizer_config.json carries a chat_template (the C++ driver
-tests/serve/test_openai_client.cc writes one): the chat check renders it with Python's jinja2 and
-compares the prompt token count the server reports with /tokenize of that rendering.
+tests/serve/test_openai_client.cc writes one): the chat check renders it with Python's jinja2 (as
+HF's apply_chat_template does) and compares the prompt token count the server reports with
+`corelm tokenize --parse-special` and the server's /tokenize of that rendering.
+Checks: models_list completion_plain completion_streaming chat_template chat_streaming
+completion_logprobs chat_logprobs n_two stop_strings seed_determinism json_schema json_object errors.
 Every request has a timeout and no retries; the whole run is bounded by --timeout.
 """
 import argparse
