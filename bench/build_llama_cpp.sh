@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the llama.cpp peer binaries (llama-bench, llama-batched-bench) for bench/llama_cpp_peer.sh.
+# Builds the llama.cpp peer binaries: llama-bench and llama-batched-bench for bench/llama_cpp_peer.sh,
+# and llama-server for bench/serve_bench.sh (the HTTP serving peer of `corelm serve`).
 # The source is the llama.cpp that llama-cpp-python==0.3.2 vendors: the same version the oracle
 # tests already use (tests/requirements.txt), so both compare against one llama.cpp.
 #   bench/build_llama_cpp.sh [build-root]     (default build/) -> <build-root>/llama.cpp/bin/
@@ -15,7 +16,10 @@ bin="$build/bin"
 python="$here/.venv/bin/python"
 [[ -x $python ]] || python=python3
 
-if [[ -x $bin/llama-bench && -x $bin/llama-batched-bench ]]; then
+tools=(llama-bench llama-batched-bench llama-server)
+missing=()
+for tool in "${tools[@]}"; do [[ -x $bin/$tool ]] || missing+=("$tool"); done
+if (( ${#missing[@]} == 0 )); then
   echo "build_llama_cpp: already built in $bin"
   exit 0
 fi
@@ -40,21 +44,25 @@ llama_src="$unpacked/vendor/llama.cpp"
 [[ -f $llama_src/CMakeLists.txt ]] || { echo "build_llama_cpp: no vendor/llama.cpp in $sdist" >&2; exit 1; }
 
 # CPU only, tuned for this machine (GGML_NATIVE), no BLAS or OpenMP (ggml's own threads, so -t 1 is
-# one thread), only the two tools.
+# one thread), only the three tools. The server is configured in (LLAMA_BUILD_SERVER=ON) but, like
+# the other tools, only built when asked for by target; without curl it serves local files only.
+# A compiler launcher from the environment (ccache) is passed on so a rebuild is cheap.
 echo "build_llama_cpp: configuring $build"
 cmake -S "$llama_src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_BLAS=OFF \
   -DGGML_OPENMP=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
+  ${CMAKE_CXX_COMPILER_LAUNCHER:+-DCMAKE_CXX_COMPILER_LAUNCHER=$CMAKE_CXX_COMPILER_LAUNCHER} \
+  ${CMAKE_CXX_COMPILER_LAUNCHER:+-DCMAKE_C_COMPILER_LAUNCHER=$CMAKE_CXX_COMPILER_LAUNCHER} \
   -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$bin" > "$root/llama.cpp-configure.log"
-echo "build_llama_cpp: building llama-bench and llama-batched-bench (a few minutes on two cores)"
+echo "build_llama_cpp: building ${missing[*]} (a few minutes on two cores)"
 # llama.cpp's sources warn a lot under GCC 12; the full output goes to a log, shown on failure.
-if ! cmake --build "$build" --target llama-bench llama-batched-bench -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+if ! cmake --build "$build" --target "${missing[@]}" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
     > "$build/build.log" 2>&1; then
   tail -n 40 "$build/build.log" >&2
   echo "build_llama_cpp: build failed (full log: $build/build.log)" >&2
   exit 1
 fi
-for tool in llama-bench llama-batched-bench; do
+for tool in "${tools[@]}"; do
   [[ -x $bin/$tool ]] || { echo "build_llama_cpp: $bin/$tool was not built" >&2; exit 1; }
 done
-echo "build_llama_cpp: built $bin/llama-bench and $bin/llama-batched-bench"
+echo "build_llama_cpp: built ${tools[*]} in $bin"
