@@ -294,6 +294,8 @@ struct Server::Impl {
       e.id = model_id_for_path(path);
       e.path = path;
       e.pinned = pinned;
+      // Loading from the start: a request racing the loader thread gets 503, never a second load.
+      if (pinned) e.state = ModelEntry::State::Loading;
       CORELM_CHECK(!e.id.empty(), ValueError, "cannot name a model after the path '", path, "'");
       CORELM_CHECK(!models.count(e.id), ValueError, "two models would be served as '", e.id, "' (", models[e.id].path,
                    " and ", path, "): rename one");
@@ -332,10 +334,6 @@ struct Server::Impl {
   void load_pinned() {
     for (const auto& p : o.models) {
       const std::string id = model_id_for_path(p);
-      {
-        std::lock_guard<std::mutex> lock(models_m);
-        models[id].state = ModelEntry::State::Loading;
-      }
       std::shared_ptr<Loaded> l;
       std::string err;
       try {
