@@ -224,6 +224,53 @@ void to_json(const Value& v, const JsonStyle& st, int level, std::string& out, P
   }
 }
 
+// Python's printf-style `fmt % args` for the conversions templates use: %s %r %d %i %f %% (with
+// an optional precision for %f, e.g. %.2f). Anything else is a TemplateError.
+std::string percent_format(const std::string& fmt, const List& args, Pos p) {
+  std::string out;
+  size_t next = 0;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out += fmt[i];
+      continue;
+    }
+    if (++i >= fmt.size()) fail(p, "incomplete format: a '%' at the end");
+    int precision = -1;
+    if (fmt[i] == '.') {
+      precision = 0;
+      while (++i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])) && precision < 100)
+        precision = precision * 10 + (fmt[i] - '0');
+      if (i >= fmt.size()) fail(p, "incomplete format");
+    }
+    const char c = fmt[i];
+    if (c == '%') {
+      out += '%';
+      continue;
+    }
+    if (next >= args.size()) fail(p, "not enough arguments for format string");
+    const Value& a = args[next++];
+    if (c == 's') {
+      out += to_str(a);
+    } else if (c == 'r') {
+      out += repr(a);
+    } else if (c == 'd' || c == 'i') {
+      if (!a.is_number()) fail(p, "%" + std::string(1, c) + " format: a real number is required, not " + type_name(a));
+      out += std::to_string(a.t == Value::T::Float ? static_cast<int64_t>(a.f) : a.t == Value::T::Bool ? a.b : a.i);
+    } else if (c == 'f') {
+      if (!a.is_number()) fail(p, "%f format: a real number is required, not " + type_name(a));
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "%.*f", precision < 0 ? 6 : precision,
+                    a.t == Value::T::Float ? a.f : static_cast<double>(a.t == Value::T::Bool ? a.b : a.i));
+      out += buf;
+    } else {
+      fail(p, std::string("unsupported construct: format conversion '%") + c + "'");
+    }
+    if (out.size() > Limits::kMaxOutputBytes) fail(p, "formatted string larger than the render limit");
+  }
+  if (next < args.size()) fail(p, "not all arguments converted during string formatting");
+  return out;
+}
+
 // Python's slice.indices(): clamps start/stop for a sequence of length n.
 void slice_indices(int64_t n, std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step, int64_t& b,
                    int64_t& e) {
@@ -847,6 +894,10 @@ class Renderer {
       }
       return Value::boolean(op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0);
     }
+    if (op == "%" && a.t == Value::T::String) {
+      const List args = b.t == Value::T::List && b.b ? *b.list : List{b};  // a tuple spreads, anything else is one
+      return Value::string(percent_format(a.s, args, p));
+    }
     if (op == "+") {
       if (a.t == Value::T::String && b.t == Value::T::String) return checked(Value::string(a.s + b.s), p);
       if (a.t == Value::T::List && b.t == Value::T::List) {
@@ -1078,6 +1129,10 @@ class Renderer {
       return checked(Value::string(replace_all(str_of(v), str_of(*from), str_of(*to),
                                                count && count->t != Value::T::None ? as_int(*count, p, "count") : -1)),
                      p);
+    }
+    if (name == "format") {
+      if (!a.kw.empty()) fail(p, "unsupported construct: format filter with keyword arguments");
+      return Value::string(percent_format(str_of(v), a.pos, p));
     }
     if (name == "center") {
       const Value* width = kw(0, "width");

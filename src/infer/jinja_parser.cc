@@ -576,7 +576,7 @@ class Parser {
     static const std::set<std::string> filters = {
         "trim", "length", "count", "tojson", "upper", "lower", "default", "d", "first", "last", "join", "replace",
         "list", "string", "int", "float", "items", "capitalize", "title", "abs", "round", "safe", "map", "select",
-        "reject", "selectattr", "rejectattr", "unique", "reverse", "sort", "wordcount", "indent", "center", "sum",
+        "reject", "selectattr", "rejectattr", "unique", "reverse", "sort", "wordcount", "indent", "center", "format", "sum",
         "min", "max"};
     if (!filters.count(f.name))
       fail(f.pos, "unsupported construct: filter '" + f.name + "' (not in corelm's chat-template subset)");

@@ -122,6 +122,7 @@ Engine::Engine(const model::Decoder& decoder, const Tokenizer& tokenizer, TaskSp
     } catch (const ValueError& e) {
       throw ValueError(std::string("--") + e.what());  // "--regex: ..." names the option
     }
+    if (grammar_) constraint_.emplace(grammar_, tok_, std::vector<TokenId>{});
   } else {
     budget_ = ctx_;
   }

@@ -77,6 +77,8 @@ class Engine {
   std::vector<std::vector<TokenId>> label_tokens_;
   int64_t label_len_ = 0;  // longest label continuation
   std::shared_ptr<const infer::Grammar> grammar_;  // --regex / --choices (infer's constraint engine)
+  // Each output's constraint is a clone of this one, so all documents share one mask cache.
+  std::optional<infer::TokenConstraint> constraint_;
   // Classification head (ModelConfig::labels): spec label k is head class head_index_[k].
   bool head_ = false;
   std::vector<int64_t> head_index_;

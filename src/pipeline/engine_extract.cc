@@ -33,9 +33,9 @@ void Engine::extract(const std::vector<PreparedDoc*>& docs) {
   std::iota(rows.begin(), rows.end(), 0);
   std::vector<DecodeRow> st(B);
   const std::optional<TokenId> eos = tok_.eos_id();
-  const bool constrained = grammar_ != nullptr;
+  const bool constrained = constraint_.has_value();
   if (constrained)
-    for (auto& s : st) s.con.emplace(grammar_, tok_, std::vector<TokenId>{});
+    for (auto& s : st) s.con.emplace(constraint_->clone());
   std::vector<float> masked;
   // One decoding step of row i from its logits.
   auto step = [&](size_t i, const float* row) {

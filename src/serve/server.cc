@@ -58,6 +58,17 @@ std::string model_id_for_path(const std::string& path) {
 
 namespace {
 
+// httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian built
+// the library): a burst of clients connecting at once overflows it and gets resets. listen()
+// on the already listening socket raises the backlog, so this subclass exposes the socket.
+class HttpServer : public httplib::Server {
+ public:
+  void raise_backlog(int backlog) {
+    const socket_t s = svr_sock_;
+    if (s != INVALID_SOCKET) ::listen(s, backlog);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Models
 
@@ -262,7 +273,7 @@ json bytes_of(const std::string& s) {
 
 struct Server::Impl {
   ServeOptions o;
-  httplib::Server http;
+  HttpServer http;
   Metrics metrics;
   int bound_port = -1;
   std::atomic<bool> draining{false};
@@ -283,6 +294,8 @@ struct Server::Impl {
       e.id = model_id_for_path(path);
       e.path = path;
       e.pinned = pinned;
+      // Loading from the start: a request racing the loader thread gets 503, never a second load.
+      if (pinned) e.state = ModelEntry::State::Loading;
       CORELM_CHECK(!e.id.empty(), ValueError, "cannot name a model after the path '", path, "'");
       CORELM_CHECK(!models.count(e.id), ValueError, "two models would be served as '", e.id, "' (", models[e.id].path,
                    " and ", path, "): rename one");
@@ -321,10 +334,6 @@ struct Server::Impl {
   void load_pinned() {
     for (const auto& p : o.models) {
       const std::string id = model_id_for_path(p);
-      {
-        std::lock_guard<std::mutex> lock(models_m);
-        models[id].state = ModelEntry::State::Loading;
-      }
       std::shared_ptr<Loaded> l;
       std::string err;
       try {
@@ -936,6 +945,12 @@ int Server::bind() {
   s.http.set_keep_alive_max_count(static_cast<size_t>(s.o.keep_alive_max));
   s.http.set_payload_max_length(static_cast<size_t>(s.o.max_body_bytes));
   s.http.set_tcp_nodelay(true);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently take half the connections; SO_REUSEADDR alone still allows a quick restart.
+  s.http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   const int64_t threads = s.o.http_threads > 0 ? s.o.http_threads : std::min<int64_t>(1024, s.o.slots + s.o.max_queue + 16);
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.setup_routes();
@@ -946,6 +961,7 @@ int Server::bind() {
   }
   CORELM_CHECK(s.bound_port > 0, IOError, "cannot listen on ", s.o.host, ":", s.o.port,
                " (address in use, not a local address, or not permitted)");
+  s.http.raise_backlog(1024);
   return s.bound_port;
 }
 

@@ -268,5 +268,48 @@ TEST_F(ServeFaults, SigtermDrainsInFlightRequestsAndExitsZero) {
   EXPECT_EQ(s.wait_exit(25), 0) << s.log();
 }
 
+
+TEST_F(ServeFaults, BadOptionsFailWithOneClearLine) {
+  using testing::run_corelm;
+  struct Case {
+    std::vector<std::string> args;
+    const char* says;
+  } cases[] = {
+      {{"serve", "--port", "0"}, "--model"},
+      {{"serve", "--model", (root_ / "missing").string(), "--port", "0"}, "no such model"},
+      {{"serve", "--model", model("tiny"), "--port", "0", "--slots", "0"}, "--slots"},
+      {{"serve", "--model", model("tiny"), "--port", "0", "--api-key", "a", "--api-key-file", "f"}, "at most one"},
+      {{"serve", "--model", model("tiny"), "--port", "0", "--api-key-file", (root_ / "nokey").string()}, "API key file"},
+      {{"serve", "--models-dir", (root_ / "tiny").string(), "--port", "0"}, "no models inside"},
+      {{"serve", "--model", model("tiny"), "--model", model("tiny"), "--port", "0"}, "two models"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_corelm(c.args, {10});
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_EQ(r.rc, 1) << r.all();
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.all();
+  }
+  // The port in use: a clear error, not a hang.
+  ServerProcess s({"--model", model("tiny")}, log("first"));
+  const int port = s.wait_port();
+  ASSERT_GT(port, 0) << s.log();
+  auto r = run_corelm({"serve", "--model", model("tiny"), "--port", std::to_string(port)}, {10});
+  EXPECT_EQ(r.rc, 1) << r.all();
+  EXPECT_NE(r.err.find("cannot listen"), std::string::npos) << r.all();
+  // A key file works like --api-key.
+  { std::ofstream(root_ / "key.txt") << "filekey\n"; }
+  ServerProcess k({"--model", model("tiny"), "--api-key-file", (root_ / "key.txt").string()}, log("key"));
+  const int kport = k.wait_port();
+  ASSERT_GT(kport, 0) << k.log();
+  ASSERT_TRUE(wait_healthy(kport));
+  httplib::Client c("127.0.0.1", kport);
+  auto no = c.Get("/v1/models");
+  ASSERT_TRUE(no);
+  EXPECT_EQ(no->status, 401);
+  auto yes = c.Get("/v1/models", {{"X-Api-Key", "filekey"}});
+  ASSERT_TRUE(yes);
+  EXPECT_EQ(yes->status, 200);
+}
+
 }  // namespace
 }  // namespace corelm

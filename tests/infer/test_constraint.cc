@@ -357,13 +357,16 @@ void check_output(const std::string& check, const std::string& text) {
 std::string sample_constrained(TokenConstraint& con, const Tokenizer& tok, const std::vector<TokenId>& eos,
                                int64_t budget, uint64_t seed, bool& ended_complete) {
   std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   std::string text;
   ended_complete = false;
   for (int64_t used = 0; used < budget; ++used) {
     if (con.finished()) break;
     std::vector<float> logits(tok.vocab_size());
-    for (auto& x : logits) x = normal(rng);
+    for (auto& l : logits) {  // uniform in [0, 12): a flat, noisy "model"
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      l = static_cast<float>(x >> 40) * (12.0f / 16777216.0f);
+    }
     con.mask(logits, budget - used);
     float mx = -INFINITY;
     for (float x : logits) mx = std::max(mx, x);
@@ -396,6 +399,26 @@ TEST_F(ConstraintTest, SampledOutputsAlwaysCompleteWithinTheBudget) {
     }
   }
   EXPECT_EQ(runs, 240);
+}
+
+// The same on a real 50k vocabulary (multi-byte tokens such as `"}` or ` {"` cross structure).
+TEST(ConstraintGpt2, SampledOutputsAlwaysCompleteWithinTheBudget) {
+  const std::string path = std::string(CORELM_SOURCE_DIR) + "/../shared/data/tokenizers/gpt2/tokenizer.json";
+  if (!fs::exists(path)) GTEST_SKIP() << "needs " << path << " (the shared data folder)";
+  auto tok = Tokenizer::load(path);
+  ASSERT_TRUE(tok->eos_id().has_value());
+  const std::vector<TokenId> eos = {*tok->eos_id()};
+  for (const auto& c : cases()) {
+    const int64_t need = c.g->start()->min_bytes_to_accept();
+    for (uint64_t seed = 0; seed < 8; ++seed) {
+      const int64_t budget = need + static_cast<int64_t>(seed % 4) * 12;
+      TokenConstraint con(c.g, *tok, {});
+      bool complete = false;
+      const std::string text = sample_constrained(con, *tok, eos, budget, seed + 11, complete);
+      ASSERT_TRUE(complete) << c.g->describe() << " seed " << seed << " budget " << budget << ": '" << text << "'";
+      check_output(c.check, text);
+    }
+  }
 }
 
 TEST_F(ConstraintTest, CloneIsIndependent) {
@@ -477,6 +500,18 @@ double thread_cpu_us() {
 // Not a test: mask() cost per step, printed (run with --gtest_also_run_disabled_tests). Uses the
 // GPT-2 tokenizer from the shared data when present, else the test tokenizer.
 TEST_F(ConstraintTest, DISABLED_MaskCost) {
+  std::string many = R"({"type":"object","properties":{)";
+  for (int i = 0; i < 24; ++i) many += (i ? ",\"p" : "\"p") + std::to_string(i) + R"(":{"type":"string"})";
+  many += "}}";
+  for (const std::string schema : {std::string(test_schema().dump()), std::string("{}"), std::string(R"({"type":"object"})"), many}) {
+    const double t0 = thread_cpu_us();
+    try {
+      Grammar::json_schema(nlohmann::ordered_json::parse(schema));
+    } catch (const ValueError& e) {
+      std::printf("%s\n", e.what());
+    }
+    std::printf("{\"compile_us\": %.0f, \"schema\": %s}\n", thread_cpu_us() - t0, schema.substr(0, 40).c_str());
+  }
   std::unique_ptr<Tokenizer> gpt2;
   const std::string path = std::string(CORELM_SOURCE_DIR) + "/../shared/data/tokenizers/gpt2/tokenizer.json";
   if (fs::exists(path)) gpt2 = Tokenizer::load(path);

@@ -180,6 +180,8 @@ SNIPPETS = [
     ("{% generation %}in generation{% endgeneration %}", {}),
     ("{{ s | upper }}|{{ s | lower }}|{{ s | title }}|{{ s | capitalize }}|{{ s.title() }}|{{ s is lower }}{{ 'ÀB' is upper }}",
      {"s": "àéîõüÿ ĀăĹľŸžſ αβγΣςάέ абвЁё straße µ x-y(z) 中文"}),
+    ("{{ '%s=%d %r %.2f %f %%' % ('a', 3.9, 'q', 2.345, 1) }}|{{ '%s' % none }}|{{ '%s and %s' | format('x', [1]) }}|{{ '%d' % true }}", {}),
+    ("{{ '%s %s' % ('one',) }}", {}),
     ("{{ 'x' | center(6) }}|{{ 'ab' | center(7) }}|{{ 'é' | center(4) }}", {}),
     ("{{ [1, 2, 3] | map('string') | join }}{{ ['a', 'b'] | map('upper') | list }}", {}),
     ("{{ tools | length if tools else 'no tools' }}{{ documents is none }}", {"tools": None, "documents": None}),

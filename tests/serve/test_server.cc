@@ -74,6 +74,18 @@ class ServeTest : public ::testing::Test {
     return events;
   }
 
+  // The content pieces of a streamed chat response.
+  static std::vector<std::string> stream_events(const json& body) {
+    std::vector<std::string> out;
+    for (const auto& e : stream("/v1/chat/completions", body)) {
+      if (e == "[DONE]") continue;
+      const json c = json::parse(e);
+      if (!c["choices"].empty() && c["choices"][0]["delta"].contains("content"))
+        out.push_back(c["choices"][0]["delta"]["content"]);
+    }
+    return out;
+  }
+
   static inline fs::path root_;
   static inline Server* server_ = nullptr;
   static inline std::thread* thread_ = nullptr;
@@ -269,6 +281,27 @@ TEST_F(ServeTest, ConstrainedChoices) {
     const std::string t = c["text"];
     EXPECT_TRUE(t == "yes" || t == "no") << t;
     EXPECT_EQ(c["finish_reason"], "stop");
+  }
+  const json schema = {{"type", "object"},
+                       {"properties", {{"ok", {{"type", "boolean"}}}, {"n", {{"type", "integer"}}}}},
+                       {"required", {"ok", "n"}}};
+  for (bool stream : {false, true}) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "json please"}}}}, {"max_tokens", 40}, {"stream", stream},
+                 {"seed", 9}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}};
+    std::string text;
+    if (!stream) {
+      auto [sj, rj] = post("/v1/chat/completions", body);
+      if (sj == 400 && rj["error"]["code"] == "unsupported_grammar") GTEST_SKIP() << rj.dump();
+      ASSERT_EQ(sj, 200) << rj.dump();
+      text = rj["choices"][0]["message"]["content"];
+      EXPECT_EQ(rj["choices"][0]["finish_reason"], "stop");
+    } else {
+      for (const auto& e : stream_events(body)) text += e;
+    }
+    json out = json::parse(text, nullptr, false);
+    ASSERT_TRUE(out.is_object()) << text;
+    EXPECT_TRUE(out["ok"].is_boolean()) << text;
+    EXPECT_TRUE(out["n"].is_number_integer()) << text;
   }
   auto [st2, e] = post("/v1/completions", {{"prompt", "the"}, {"regex", "(unclosed"}});
   EXPECT_EQ(st2, 400);
