@@ -2,12 +2,11 @@
 // tokenizer as a byte trie; mask() walks it depth first from the current state, stepping the state
 // one byte per trie edge and skipping every subtree whose prefix is already dead, so tokens that
 // share a prefix share its work. The set of live tokens depends on the state alone, so it is
-// cached per state key (shared by clones); only the budget filter (forcing completion) is
-// recomputed, and only when the budget is short.
+// cached per state key (shared by clones), together with the order of those tokens by the
+// completion length they leave, from which the budget filter (forcing completion) is a prefix.
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -229,7 +228,7 @@ struct TokenConstraint::Impl {
     int32_t top = 0;
     for_live_tokens([&](TokenId t, int64_t after) {
       e->bits[static_cast<size_t>(t) >> 6] |= uint64_t{1} << (t & 63);
-      const int32_t a = static_cast<int32_t>(std::min<int64_t>(after, INT32_MAX - 1));
+      const int32_t a = static_cast<int32_t>(std::clamp<int64_t>(after, 0, INT32_MAX - 1));
       raw.emplace_back(a, t);
       top = std::max(top, a);
     });

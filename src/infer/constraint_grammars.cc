@@ -236,7 +236,10 @@ std::unique_ptr<GrammarState> ChoicesGrammar::start() const { return std::make_u
 
 std::shared_ptr<const Grammar> Grammar::regex(const std::string& pattern) {
   const std::string shown = pattern.size() > 200 ? pattern.substr(0, 200) + "..." : pattern;
-  return std::make_shared<constraint::RegexGrammar>(Regex::compile(pattern, "regex"), "regex " + shown);
+  // A user's pattern gets a smaller automaton than a schema's: each mask() step can cost up to
+  // (live trie edges) x (NFA states in the current set) before the DFA has seen the states.
+  constexpr size_t kMaxUserRegexNodes = 20000;
+  return std::make_shared<constraint::RegexGrammar>(Regex::compile(pattern, "regex", kMaxUserRegexNodes), "regex " + shown);
 }
 
 std::shared_ptr<const Grammar> Grammar::choices(const std::vector<std::string>& choices) {

@@ -174,8 +174,8 @@ class RegexCompiler {
   }
 
   int add(Regex::Node n) {
-    if (re_.nodes_.size() >= Regex::kMaxNodes)
-      fail("pattern too large (its automaton would exceed " + std::to_string(Regex::kMaxNodes) + " states)");
+    if (re_.nodes_.size() >= re_.max_nodes_)
+      fail("pattern too large (its automaton would exceed " + std::to_string(re_.max_nodes_) + " states)");
     re_.nodes_.push_back(n);
     return static_cast<int>(re_.nodes_.size()) - 1;
   }
@@ -234,8 +234,9 @@ class RegexCompiler {
   int depth_ = 0;
 };
 
-Regex Regex::compile(const std::string& pattern, const std::string& what) {
+Regex Regex::compile(const std::string& pattern, const std::string& what, size_t max_nodes) {
   Regex re;
+  re.max_nodes_ = std::min(max_nodes, kMaxNodes);
   RegexCompiler(pattern, what, re).run();
   // Distance to the match over the reverse edges (0-1 BFS: splits cost no byte, consuming nodes
   // one); a node is live when it has a distance.

@@ -6,7 +6,7 @@
 //   {m} {m,} {m,n} (n <= 1000). The whole output must match (implicit ^...$). No backreferences,
 //   lookaround, lazy quantifiers or anchors inside the pattern. Bytes >= 0x80 in the pattern are
 //   literal bytes (the JSON Schema compiler spells UTF-8 ranges that way).
-// The NFA is bounded (kMaxNodes) so a hostile pattern such as (a{1000}){1000} is a ValueError,
+// The NFA is bounded (max_nodes, at most kMaxNodes) so a hostile pattern such as (a{1000}){1000} is a ValueError,
 // not an allocation of gigabytes.
 #pragma once
 #include <bitset>
@@ -22,8 +22,9 @@ class Regex {
   using State = std::vector<int>;  // a set of NFA states (sorted); empty = dead
   static constexpr size_t kMaxNodes = 400000;
 
-  // ValueError naming `what` (the option or field the pattern came from) and the position at fault.
-  static Regex compile(const std::string& pattern, const std::string& what = "regex");
+  // ValueError naming `what` (the option or field the pattern came from) and the position at fault,
+  // or saying the automaton would exceed `max_nodes` states.
+  static Regex compile(const std::string& pattern, const std::string& what = "regex", size_t max_nodes = kMaxNodes);
   State start() const;
   // Feeds bytes; false (and `state` dead) when no continuation can match any more.
   bool advance(State& state, std::string_view bytes) const;
@@ -46,6 +47,7 @@ class Regex {
   std::vector<bool> live_;     // can reach the match state
   std::vector<int64_t> dist_;  // fewest bytes from the node to the match
   int start_ = -1;
+  size_t max_nodes_ = kMaxNodes;
   friend class RegexCompiler;
 };
 

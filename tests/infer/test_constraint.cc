@@ -75,6 +75,8 @@ TEST(ConstraintGrammar, RegexAcceptsAndRejects) {
   EXPECT_EQ(st->min_bytes_to_accept(), 3);
   EXPECT_THROW(Grammar::regex("(ab"), ValueError);
   EXPECT_THROW(Grammar::regex("(a{1000}){1000}"), ValueError);  // automaton size bound
+  EXPECT_THROW(Grammar::regex("(a{1000}){25}"), ValueError);    // 25,000 states: above a regex's 20,000
+  EXPECT_NO_THROW(Grammar::regex("a{1000}b{1000}"));
   EXPECT_THROW(Grammar::regex(std::string(1000, '(')), ValueError);  // nesting bound
 }
 
