@@ -91,8 +91,11 @@ def request_body(args, prompt):
     return "/v1/completions", body
 
 
-async def one_request(client, args, prompt):
-    """Returns (ok, error, ttft_s, [inter-chunk gaps], tokens, chunks)."""
+async def one_request(client, args, prompt, progress=None):
+    """Returns (ok, error, ttft_s, [inter-chunk gaps], tokens, chunks). `progress` (a dict) is kept
+    up to date with the stage and the chunk count, so a transport error can say where it struck."""
+    progress = {} if progress is None else progress
+    progress.update(stage="before the response headers", chunks=0)
     path, body = request_body(args, prompt)
     t0 = time.perf_counter()
     last = None
@@ -105,6 +108,7 @@ async def one_request(client, args, prompt):
         if resp.status_code != 200:
             text = (await resp.aread()).decode("utf-8", "replace")[:200]
             return False, f"HTTP {resp.status_code}: {text}", None, [], 0, 0
+        progress["stage"] = "in the stream"
         async for line in resp.aiter_lines():
             if line.startswith("error:"):
                 return False, line[:200], None, [], 0, 0
@@ -129,6 +133,7 @@ async def one_request(client, args, prompt):
             if has_text:
                 now = time.perf_counter()
                 chunks += 1
+                progress["chunks"] = chunks
                 if ttft is None:
                     ttft = now - t0
                 else:
@@ -167,13 +172,17 @@ async def run(args):
                     prompt = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
+                progress = {}
                 try:
-                    results.append(await asyncio.wait_for(one_request(client, args, prompt),
+                    results.append(await asyncio.wait_for(one_request(client, args, prompt, progress),
                                                           args.request_timeout))
                 except asyncio.TimeoutError:
                     results.append((False, f"timed out after {args.request_timeout} s", None, [], 0, 0))
                 except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
-                    results.append((False, f"{type(e).__name__}: {e}"[:200], None, [], 0, 0))
+                    where = progress.get("stage", "?")
+                    if where == "in the stream":
+                        where += f" after {progress.get('chunks', 0)} chunks"
+                    results.append((False, f"{type(e).__name__} {where}: {e!r}"[:200], None, [], 0, 0))
 
         if args.api == "openai" and not args.model:
             r = await client.get("/v1/models")
