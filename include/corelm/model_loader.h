@@ -44,17 +44,17 @@ struct TokenizerSource {
 
 struct Checkpoint {
   LoadedModel model;             // decoder (f32 parameters) + tokenizer (may be null, see above)
-  std::string format;            // "model-dir", "gguf", "llama2c", "safetensors"
-  std::vector<int64_t> eos_ids;  // every end-of-sequence id (generation_config.json may list several)
+  std::string format{};            // "model-dir", "gguf", "llama2c", "safetensors"
+  std::vector<int64_t> eos_ids{};  // every end-of-sequence id (generation_config.json may list several)
   int64_t bos_id = -1;
-  TokenizerSource tokenizer_source;
+  TokenizerSource tokenizer_source{};
   // The model's chat template (Jinja source) when it carries one: tokenizer_config.json
   // `chat_template` (a string, or the "default" entry of a list of {name, template}), a
   // chat_template.jinja file beside it, or GGUF `tokenizer.chat_template`; empty otherwise.
-  std::string chat_template;
+  std::string chat_template{};
   // The BOS / EOS token texts the template sees as bos_token / eos_token (empty when none).
-  std::string bos_token, eos_token;
-  std::vector<std::string> warnings;  // non-strict mismatches, tokenizer notes
+  std::string bos_token{}, eos_token{};
+  std::vector<std::string> warnings{};  // non-strict mismatches, tokenizer notes
 };
 
 // "model-dir", "gguf", "llama2c" or "safetensors" from the path (directory or magic bytes).

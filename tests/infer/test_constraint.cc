@@ -505,7 +505,7 @@ TEST_F(ConstraintTest, DISABLED_MaskCost) {
   std::string many = R"({"type":"object","properties":{)";
   for (int i = 0; i < 24; ++i) many += (i ? ",\"p" : "\"p") + std::to_string(i) + R"(":{"type":"string"})";
   many += "}}";
-  for (const std::string schema : {std::string(test_schema().dump()), std::string("{}"), std::string(R"({"type":"object"})"), many}) {
+  for (const std::string& schema : {std::string(test_schema().dump()), std::string("{}"), std::string(R"({"type":"object"})"), many}) {
     const double t0 = thread_cpu_us();
     try {
       Grammar::json_schema(nlohmann::ordered_json::parse(schema));
