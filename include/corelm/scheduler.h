@@ -7,7 +7,7 @@
 // boundaries depend only on the request's own tokens, every sequence has its own sampler and
 // RNG, and a row of Decoder::forward_cached never depends on the other rows.
 // The server (src/serve) only drives it; the persistent queue and fine-tuning jobs of later
-// issues submit through the same interface. See docs/SERVING.md "Scheduler".
+// issues submit through the same interface. See docs/SCHEDULER.md.
 #pragma once
 #include <chrono>
 #include <cstdint>
