@@ -71,7 +71,8 @@ struct ParsedRequest {
   std::string user;
   bool echo = false;
   OutputFormat format = OutputFormat::Text;
-  nlohmann::json schema;                    // json_schema
+  // json_schema, in the body's key order: properties are generated in schema order.
+  nlohmann::ordered_json schema;
   std::string regex;
   std::vector<std::string> choices;
 };
