@@ -8,6 +8,18 @@
 
 namespace corelm::serve {
 
+ApiError api_error(int status, std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  if (status >= 500) e.type = "server_error";
+  if (status == 401) e.type = "authentication_error";
+  if (status == 429) e.type = "rate_limit_error";
+  return e;
+}
+
 nlohmann::json ApiError::to_json() const {
   nlohmann::json e = {{"message", message}, {"type", type}};
   e["param"] = param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param);
@@ -26,13 +38,20 @@ struct Reject {
 
 [[noreturn]] void reject(const std::string& param, const std::string& message, int status = 400,
                          const std::string& code = "") {
-  ApiError e;
-  e.status = status;
-  e.param = param;
-  e.message = message;
-  e.code = code;
-  if (status == 404) e.type = "invalid_request_error";
-  throw Reject{std::move(e)};
+  throw Reject{api_error(status, message, param, code)};
+}
+
+// Runs one body parser: a Reject is its result, and so is any other exception (a type the checks
+// missed), as a 400: never a crash.
+template <class Parsed, class Parse>
+std::variant<Parsed, ApiError> guarded(Parse parse) {
+  try {
+    return parse();
+  } catch (Reject& e) {
+    return std::move(e.error);
+  } catch (const std::exception& e) {
+    return api_error(400, std::string("invalid request: ") + e.what());
+  }
 }
 
 const char* type_name(const json& v) {
@@ -356,7 +375,7 @@ void parse_chat(const json& b, const RequestLimits& limits, ParsedRequest& r) {
 
 ParseResult parse_request(Endpoint endpoint, std::string_view body, const RequestLimits& limits,
                           const std::vector<std::string>& models) {
-  try {
+  return guarded<ParsedRequest>([&] {
     const json b = parse_object(body);
     ParsedRequest r;
     r.endpoint = endpoint;
@@ -366,18 +385,11 @@ ParseResult parse_request(Endpoint endpoint, std::string_view body, const Reques
     if (endpoint == Endpoint::Completions) parse_completions(b, limits, r);
     else parse_chat(b, limits, r);
     return r;
-  } catch (Reject& e) {
-    return std::move(e.error);
-  } catch (const std::exception& e) {
-    // A type the checks above missed: still a 400, never a crash.
-    ApiError err;
-    err.message = std::string("invalid request: ") + e.what();
-    return err;
-  }
+  });
 }
 
 std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body, const std::vector<std::string>& models) {
-  try {
+  return guarded<TokenizeRequest>([&] {
     const json b = parse_object(body);
     TokenizeRequest r;
     r.model = resolve_model(b, models);
@@ -388,18 +400,12 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body, co
     if (const json* v = field(b, "parse_special")) r.parse_special = get_bool(*v, "parse_special");
     if (const json* v = field(b, "with_pieces")) r.with_pieces = get_bool(*v, "with_pieces");
     return r;
-  } catch (Reject& e) {
-    return std::move(e.error);
-  } catch (const std::exception& e) {
-    ApiError err;
-    err.message = std::string("invalid request: ") + e.what();
-    return err;
-  }
+  });
 }
 
 std::variant<DetokenizeRequest, ApiError> parse_detokenize(std::string_view body,
                                                            const std::vector<std::string>& models) {
-  try {
+  return guarded<DetokenizeRequest>([&] {
     const json b = parse_object(body);
     DetokenizeRequest r;
     r.model = resolve_model(b, models);
@@ -408,13 +414,7 @@ std::variant<DetokenizeRequest, ApiError> parse_detokenize(std::string_view body
     if (!t->is_array()) wrong_type("tokens", "an array of token ids", *t);
     r.tokens = get_ids(*t, "tokens");
     return r;
-  } catch (Reject& e) {
-    return std::move(e.error);
-  } catch (const std::exception& e) {
-    ApiError err;
-    err.message = std::string("invalid request: ") + e.what();
-    return err;
-  }
+  });
 }
 
 }  // namespace corelm::serve
