@@ -160,8 +160,9 @@ TEST(ServeLoad, SixtyFourStreamingClients) {
     clients.emplace_back([&] {
       for (int i; (i = next.fetch_add(1)) < kRequests;) {
         httplib::Client c("127.0.0.1", port);
-        c.set_connection_timeout(5, 0);
-        c.set_read_timeout(15, 0);
+        // httplib listens with a backlog of 5: a connect may wait for a SYN retry or two.
+        c.set_connection_timeout(10, 0);
+        c.set_read_timeout(20, 0);
         c.set_write_timeout(5, 0);
         auto r = c.Post("/v1/completions", bodies[static_cast<size_t>(i % kPrompts)], "application/json");
         if (!r) {
