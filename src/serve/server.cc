@@ -368,6 +368,9 @@ struct Server::Impl {
     auto it = models.find(id);
     if (it == models.end()) return ApiError{404, "The model '" + id + "' does not exist", "invalid_request_error", "model", "model_not_found"};
     ModelEntry& e = it->second;
+    // A request that has just been answered may hold its model a moment longer (its handler
+    // returning, its scheduler retiring it): "every model is busy" only after this long.
+    const auto busy_deadline = Clock::now() + std::chrono::seconds(1);
     for (;;) {
       if (e.state == ModelEntry::State::Ready) {
         e.last_used = Clock::now();
@@ -380,13 +383,12 @@ struct Server::Impl {
         models_cv.wait_for(lock, std::chrono::milliseconds(200));
         continue;
       }
-      break;  // Unloaded: this thread loads it
-    }
-    // LRU bound: unload the least recently used idle model (no request holds it).
-    int64_t loaded_count = 0;
-    for (const auto& [k, m] : models)
-      if (m.state == ModelEntry::State::Ready || m.state == ModelEntry::State::Loading) ++loaded_count;
-    while (loaded_count >= o.max_loaded) {
+      // Unloaded: this thread loads it, within the LRU bound: the least recently used idle model
+      // (no request holds it) is unloaded first.
+      int64_t loaded_count = 0;
+      for (const auto& [k, m] : models)
+        if (m.state == ModelEntry::State::Ready || m.state == ModelEntry::State::Loading) ++loaded_count;
+      if (loaded_count < o.max_loaded) break;
       ModelEntry* victim = nullptr;
       for (auto& [k, m] : models) {
         if (m.pinned || m.state != ModelEntry::State::Ready || m.loaded.use_count() != 1) continue;
@@ -394,13 +396,16 @@ struct Server::Impl {
         if (st.queued || st.running) continue;
         if (!victim || m.last_used < victim->last_used) victim = &m;
       }
-      if (!victim)
-        return ApiError{503, "every loaded model is busy (--max-loaded " + std::to_string(o.max_loaded) +
-                                 "); retry shortly", "server_error", "", "model_capacity"};
+      if (!victim) {
+        if (Clock::now() >= busy_deadline)
+          return ApiError{503, "every loaded model is busy (--max-loaded " + std::to_string(o.max_loaded) +
+                                   "); retry shortly", "server_error", "", "model_capacity"};
+        models_cv.wait_for(lock, std::chrono::milliseconds(10));
+        continue;  // the states may have changed meanwhile: check again from the top
+      }
       std::shared_ptr<Loaded> drop = std::move(victim->loaded);
       victim->state = ModelEntry::State::Unloaded;
       std::fprintf(stderr, "corelm: unloaded model '%s' (least recently used)\n", victim->id.c_str());
-      --loaded_count;
       lock.unlock();
       drop.reset();  // joins its scheduler outside the lock
       lock.lock();
