@@ -158,26 +158,7 @@ struct MaskCache {
 void walk_generic(const StateImpl& root, const VocabIndex& ix, void* ctx, TokenSink sink) {
   std::vector<std::unique_ptr<StateImpl>> st(ix.depth + 1);
   for (auto& s : st) s = as_impl(root.clone());
-  auto visit = [&](auto& self, uint32_t node, size_t d) -> void {
-    const VocabIndex::Node& n = ix.nodes[node];
-    StateImpl& here = *st[d];
-    if (n.tok_begin != n.tok_end) {
-      const int64_t after = here.min_bytes_to_accept();
-      for (uint32_t k = n.tok_begin; k < n.tok_end; ++k) sink(ctx, ix.toks[k], after);
-    }
-    if (n.edge_begin == n.edge_end) return;
-    bool next[256];
-    const bool prune = here.cheap_next_bytes();
-    if (prune) here.next_bytes(next);
-    StateImpl& child = *st[d + 1];
-    for (uint32_t e = n.edge_begin; e < n.edge_end; ++e) {
-      const unsigned char b = ix.edge_byte[e];
-      if (prune && !next[b]) continue;
-      child.assign_from(here);
-      if (child.step(b)) self(self, ix.edge_child[e], d + 1);
-    }
-  };
-  visit(visit, 0, 0);
+  walk_stack([&st](size_t d) -> StateImpl& { return *st[d]; }, ix, ctx, sink);
 }
 
 }  // namespace constraint

@@ -55,14 +55,13 @@ class StateImpl : public GrammarState {
   }
 };
 
-// Depth-first walk of the trie from `root`, stepping a copy of the state per edge and skipping
-// dead subtrees. T is a final state type, so its calls are not virtual.
-template <class T>
-void walk_trie(const T& root, const VocabIndex& ix, void* ctx, TokenSink sink) {
-  std::vector<T> st(ix.depth + 1, root);
+// Depth-first walk of the trie, stepping a copy of the state per edge and skipping dead
+// subtrees. at(d) is the state at depth d, a scratch stack the walk overwrites (at(0): the root).
+template <class At>
+void walk_stack(At at, const VocabIndex& ix, void* ctx, TokenSink sink) {
   auto visit = [&](auto& self, uint32_t node, size_t d) -> void {
     const VocabIndex::Node& n = ix.nodes[node];
-    T& here = st[d];
+    auto& here = at(d);
     if (n.tok_begin != n.tok_end) {
       const int64_t after = here.min_bytes_to_accept();
       for (uint32_t k = n.tok_begin; k < n.tok_end; ++k) sink(ctx, ix.toks[k], after);
@@ -71,7 +70,7 @@ void walk_trie(const T& root, const VocabIndex& ix, void* ctx, TokenSink sink) {
     bool next[256];
     const bool prune = here.cheap_next_bytes();
     if (prune) here.next_bytes(next);
-    T& child = st[d + 1];
+    auto& child = at(d + 1);
     for (uint32_t e = n.edge_begin; e < n.edge_end; ++e) {
       const unsigned char b = ix.edge_byte[e];
       if (prune && !next[b]) continue;
@@ -80,6 +79,13 @@ void walk_trie(const T& root, const VocabIndex& ix, void* ctx, TokenSink sink) {
     }
   };
   visit(visit, 0, 0);
+}
+
+// The walk from `root`. T is a final state type, so its calls are not virtual.
+template <class T>
+void walk_trie(const T& root, const VocabIndex& ix, void* ctx, TokenSink sink) {
+  std::vector<T> st(ix.depth + 1, root);
+  walk_stack([&st](size_t d) -> T& { return st[d]; }, ix, ctx, sink);
 }
 
 // The JSON Schema subset compiled to a regular expression (constraint_schema.cc).

@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <set>
+#include <string>
 
 #include "corelm/chat_template.h"
 #include "infer/jinja_ast.h"
@@ -639,23 +641,30 @@ class Parser {
     return fin(std::move(e));
   }
 
-  ExprP or_expr() {
-    ExprP e = and_expr();
-    while (is_name("or")) {
+  // One left-associative precedence level: `operand (op operand)*`, where `op_here` returns the
+  // operator token at the cursor ("" for none). Only K::Binary nodes keep the operator's name.
+  template <class Operand, class OpHere>
+  ExprP left_assoc(Expr::K k, Operand operand, OpHere op_here) {
+    ExprP e = operand();
+    for (std::string op; !(op = op_here()).empty();) {
       const Pos p = cur().pos;
       ++k_;
-      e = binary(Expr::K::Or, std::move(e), and_expr(), p);
+      e = binary(k, std::move(e), operand(), p, k == Expr::K::Binary ? op : std::string());
     }
     return e;
   }
+  std::string op_among(std::initializer_list<const char*> ops) const {
+    for (const char* o : ops)
+      if (is_op(o)) return o;
+    return {};
+  }
+
+  ExprP or_expr() {
+    return left_assoc(Expr::K::Or, [this] { return and_expr(); }, [this] { return std::string(is_name("or") ? "or" : ""); });
+  }
   ExprP and_expr() {
-    ExprP e = not_expr();
-    while (is_name("and")) {
-      const Pos p = cur().pos;
-      ++k_;
-      e = binary(Expr::K::And, std::move(e), not_expr(), p);
-    }
-    return e;
+    return left_assoc(Expr::K::And, [this] { return not_expr(); },
+                      [this] { return std::string(is_name("and") ? "and" : ""); });
   }
   ExprP not_expr() {
     if (is_name("not")) {
@@ -695,42 +704,16 @@ class Parser {
     }
   }
   ExprP math1() {
-    ExprP e = concat();
-    while (is_op("+") || is_op("-")) {
-      const Pos p = cur().pos;
-      const std::string op = cur().s;
-      ++k_;
-      e = binary(Expr::K::Binary, std::move(e), concat(), p, op);
-    }
-    return e;
+    return left_assoc(Expr::K::Binary, [this] { return concat(); }, [this] { return op_among({"+", "-"}); });
   }
   ExprP concat() {
-    ExprP e = math2();
-    while (is_op("~")) {
-      const Pos p = cur().pos;
-      ++k_;
-      e = binary(Expr::K::Binary, std::move(e), math2(), p, "~");
-    }
-    return e;
+    return left_assoc(Expr::K::Binary, [this] { return math2(); }, [this] { return op_among({"~"}); });
   }
   ExprP math2() {
-    ExprP e = pow_expr();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      const Pos p = cur().pos;
-      const std::string op = cur().s;
-      ++k_;
-      e = binary(Expr::K::Binary, std::move(e), pow_expr(), p, op);
-    }
-    return e;
+    return left_assoc(Expr::K::Binary, [this] { return pow_expr(); }, [this] { return op_among({"*", "/", "//", "%"}); });
   }
   ExprP pow_expr() {
-    ExprP e = unary(true);
-    while (is_op("**")) {
-      const Pos p = cur().pos;
-      ++k_;
-      e = binary(Expr::K::Binary, std::move(e), unary(true), p, "**");
-    }
-    return e;
+    return left_assoc(Expr::K::Binary, [this] { return unary(true); }, [this] { return op_among({"**"}); });
   }
   ExprP unary(bool with_filter) {
     Depth d(depth_, cur().pos);
@@ -913,10 +896,8 @@ class Parser {
         }
         e = std::move(a);
       } else if (is_op("(")) {
-        ExprP c = node(Expr::K::Call, e->pos);
-        c->kids.push_back(std::move(e));
-        arguments(*c);
-        e = std::move(c);
+        const Pos callee = e->pos;
+        e = call(std::move(e), callee);
       } else {
         return e;
       }
@@ -954,15 +935,20 @@ class Parser {
         }
         e = std::move(t);
       } else if (is_op("(")) {
-        ExprP c = node(Expr::K::Call, cur().pos);
-        c->kids.push_back(std::move(e));
-        arguments(*c);
-        e = std::move(c);
+        e = call(std::move(e), cur().pos);
       } else {
         return e;
       }
       e = fin(std::move(e));
     }
+  }
+
+  // `callee(arguments)`, the cursor on '('.
+  ExprP call(ExprP callee, Pos p) {
+    ExprP c = node(Expr::K::Call, p);
+    c->kids.push_back(std::move(callee));
+    arguments(*c);
+    return c;
   }
 
   ExprP filter(ExprP operand) {

@@ -30,6 +30,10 @@ struct ApiError {
   nlohmann::json to_json() const;
 };
 
+// An error whose `type` follows from its status: authentication_error (401), rate_limit_error
+// (429), server_error (5xx), else invalid_request_error.
+ApiError api_error(int status, std::string message, std::string param = "", std::string code = "");
+
 enum class Endpoint { Completions, ChatCompletions };
 
 struct RequestLimits {
@@ -71,7 +75,8 @@ struct ParsedRequest {
   std::string user;
   bool echo = false;
   OutputFormat format = OutputFormat::Text;
-  nlohmann::json schema;                    // json_schema
+  // json_schema, in the body's key order: properties are generated in schema order.
+  nlohmann::ordered_json schema;
   std::string regex;
   std::vector<std::string> choices;
 };

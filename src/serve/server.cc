@@ -368,6 +368,9 @@ struct Server::Impl {
     auto it = models.find(id);
     if (it == models.end()) return ApiError{404, "The model '" + id + "' does not exist", "invalid_request_error", "model", "model_not_found"};
     ModelEntry& e = it->second;
+    // A request that has just been answered may hold its model a moment longer (its handler
+    // returning, its scheduler retiring it): "every model is busy" only after this long.
+    const auto busy_deadline = Clock::now() + std::chrono::seconds(1);
     for (;;) {
       if (e.state == ModelEntry::State::Ready) {
         e.last_used = Clock::now();
@@ -380,13 +383,12 @@ struct Server::Impl {
         models_cv.wait_for(lock, std::chrono::milliseconds(200));
         continue;
       }
-      break;  // Unloaded: this thread loads it
-    }
-    // LRU bound: unload the least recently used idle model (no request holds it).
-    int64_t loaded_count = 0;
-    for (const auto& [k, m] : models)
-      if (m.state == ModelEntry::State::Ready || m.state == ModelEntry::State::Loading) ++loaded_count;
-    while (loaded_count >= o.max_loaded) {
+      // Unloaded: this thread loads it, within the LRU bound: the least recently used idle model
+      // (no request holds it) is unloaded first.
+      int64_t loaded_count = 0;
+      for (const auto& [k, m] : models)
+        if (m.state == ModelEntry::State::Ready || m.state == ModelEntry::State::Loading) ++loaded_count;
+      if (loaded_count < o.max_loaded) break;
       ModelEntry* victim = nullptr;
       for (auto& [k, m] : models) {
         if (m.pinned || m.state != ModelEntry::State::Ready || m.loaded.use_count() != 1) continue;
@@ -394,13 +396,16 @@ struct Server::Impl {
         if (st.queued || st.running) continue;
         if (!victim || m.last_used < victim->last_used) victim = &m;
       }
-      if (!victim)
-        return ApiError{503, "every loaded model is busy (--max-loaded " + std::to_string(o.max_loaded) +
-                                 "); retry shortly", "server_error", "", "model_capacity"};
+      if (!victim) {
+        if (Clock::now() >= busy_deadline)
+          return ApiError{503, "every loaded model is busy (--max-loaded " + std::to_string(o.max_loaded) +
+                                   "); retry shortly", "server_error", "", "model_capacity"};
+        models_cv.wait_for(lock, std::chrono::milliseconds(10));
+        continue;  // the states may have changed meanwhile: check again from the top
+      }
       std::shared_ptr<Loaded> drop = std::move(victim->loaded);
       victim->state = ModelEntry::State::Unloaded;
       std::fprintf(stderr, "corelm: unloaded model '%s' (least recently used)\n", victim->id.c_str());
-      --loaded_count;
       lock.unlock();
       drop.reset();  // joins its scheduler outside the lock
       lock.lock();
@@ -445,18 +450,6 @@ struct Server::Impl {
     if (e.status == 503) res.set_header("Retry-After", "1");
     res.set_content(dump(e.to_json()), "application/json");
   }
-  static ApiError error(int status, const std::string& message, const std::string& param = "",
-                        const std::string& code = "") {
-    ApiError e;
-    e.status = status;
-    e.message = message;
-    e.param = param;
-    e.code = code;
-    if (status >= 500) e.type = "server_error";
-    if (status == 401) e.type = "authentication_error";
-    if (status == 429) e.type = "rate_limit_error";
-    return e;
-  }
 
   RequestLimits limits() const {
     RequestLimits l;
@@ -484,13 +477,13 @@ struct Server::Impl {
         else key = req.get_header_value("X-Api-Key");
         if (!constant_time_equal(key, o.api_key)) {
           res.set_header("WWW-Authenticate", "Bearer");
-          send_error(res, error(401, key.empty() ? "missing API key (send Authorization: Bearer KEY or X-Api-Key: KEY)"
-                                                 : "invalid API key", "", "invalid_api_key"));
+          send_error(res, api_error(401, key.empty() ? "missing API key (send Authorization: Bearer KEY or X-Api-Key: KEY)"
+                                                     : "invalid API key", "", "invalid_api_key"));
           return httplib::Server::HandlerResponse::Handled;
         }
       }
       if (draining && req.path != "/metrics") {
-        send_error(res, error(503, "the server is shutting down", "", "draining"));
+        send_error(res, api_error(503, "the server is shutting down", "", "draining"));
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
@@ -502,7 +495,7 @@ struct Server::Impl {
       if (res.status == 413) msg = "the request body is larger than the limit (" + std::to_string(o.max_body_bytes) + " bytes, --max-body-bytes)";
       if (res.status == 405) msg = "method not allowed";
       if (res.status == 400) msg = "malformed HTTP request";
-      send_error(res, error(res.status, msg, "", res.status == 404 ? "not_found" : ""));
+      send_error(res, api_error(res.status, msg, "", res.status == 404 ? "not_found" : ""));
     });
     http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "internal error";
@@ -512,7 +505,7 @@ struct Server::Impl {
         what = std::string("internal error: ") + e.what();
       } catch (...) {
       }
-      send_error(res, error(500, what));
+      send_error(res, api_error(500, what));
     });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
       metrics.count_request(endpoint_label(req.path), res.status);
@@ -608,9 +601,9 @@ struct Server::Impl {
       const Tokenizer& tok = *l->ckpt.model.tokenizer;
       for (size_t i = 0; i < r.tokens.size(); ++i)
         if (static_cast<size_t>(r.tokens[i]) >= tok.vocab_size())
-          return send_error(res, error(400, "'tokens[" + std::to_string(i) + "]': token id " + std::to_string(r.tokens[i]) +
-                                                " is outside the vocabulary [0, " + std::to_string(tok.vocab_size()) + ")",
-                                       "tokens"));
+          return send_error(res, api_error(400, "'tokens[" + std::to_string(i) + "]': token id " + std::to_string(r.tokens[i]) +
+                                                    " is outside the vocabulary [0, " + std::to_string(tok.vocab_size()) + ")",
+                                           "tokens"));
       res.set_content(dump({{"content", tok.decode(r.tokens)}}), "application/json");
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
@@ -680,13 +673,13 @@ struct Server::Impl {
     std::vector<std::vector<TokenId>> prompts;
     if (chat) {
       if (!l->chat_template)
-        return send_error(res, error(400, "the model's chat template cannot be used: " + l->chat_template_error, "messages",
-                                     "unsupported_chat_template"));
+        return send_error(res, api_error(400, "the model's chat template cannot be used: " + l->chat_template_error, "messages",
+                                         "unsupported_chat_template"));
       std::string text;
       try {
         text = l->chat_template->apply(r.messages, true, l->ckpt.bos_token, l->ckpt.eos_token);
       } catch (const std::exception& e) {
-        return send_error(res, error(400, std::string("the chat template failed: ") + e.what(), "messages", "chat_template_error"));
+        return send_error(res, api_error(400, std::string("the chat template failed: ") + e.what(), "messages", "chat_template_error"));
       }
       EncodeOptions eo;
       eo.add_special = false;   // the template writes BOS itself where the model wants one
@@ -698,8 +691,8 @@ struct Server::Impl {
         if (p.is_ids) {
           for (TokenId t : p.ids)
             if (static_cast<size_t>(t) >= tok.vocab_size())
-              return send_error(res, error(400, "'prompt': token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                                    std::to_string(tok.vocab_size()) + ")", "prompt"));
+              return send_error(res, api_error(400, "'prompt': token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                                        std::to_string(tok.vocab_size()) + ")", "prompt"));
           prompts.push_back(p.ids);
         } else {
           EncodeOptions eo;
@@ -713,28 +706,28 @@ struct Server::Impl {
       if (ids_i.empty()) {
         if (tok.bos_id()) ids_i.push_back(*tok.bos_id());
         else if (tok.eos_id()) ids_i.push_back(*tok.eos_id());
-        else return send_error(res, error(400, "the prompt is empty and the tokenizer has no BOS token to start from", chat ? "messages" : "prompt"));
+        else return send_error(res, api_error(400, "the prompt is empty and the tokenizer has no BOS token to start from", chat ? "messages" : "prompt"));
       }
       if (static_cast<int64_t>(ids_i.size()) >= context)
-        return send_error(res, error(400, std::string(chat ? "the rendered messages are " : "the prompt") +
-                                              (prompts.size() > 1 ? " " + std::to_string(i) : "") + (chat ? "" : " is ") +
-                                              std::to_string(ids_i.size()) + " tokens; the context is " +
-                                              std::to_string(context) + " tokens (at least one must be left to generate)",
-                                     chat ? "messages" : "prompt", "context_length_exceeded"));
+        return send_error(res, api_error(400, std::string(chat ? "the rendered messages are " : "the prompt") +
+                                                  (prompts.size() > 1 ? " " + std::to_string(i) : "") + (chat ? "" : " is ") +
+                                                  std::to_string(ids_i.size()) + " tokens; the context is " +
+                                                  std::to_string(context) + " tokens (at least one must be left to generate)",
+                                         chat ? "messages" : "prompt", "context_length_exceeded"));
     }
     if (r.max_tokens && *r.max_tokens >= context)
-      return send_error(res, error(400, "'max_tokens' " + std::to_string(*r.max_tokens) + " does not fit the context of " +
-                                            std::to_string(context) + " tokens", "max_tokens"));
+      return send_error(res, api_error(400, "'max_tokens' " + std::to_string(*r.max_tokens) + " does not fit the context of " +
+                                                std::to_string(context) + " tokens", "max_tokens"));
     for (const auto& [id, bias] : r.logit_bias)
       if (static_cast<size_t>(id) >= tok.vocab_size())
-        return send_error(res, error(400, "'logit_bias': token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                              std::to_string(tok.vocab_size()) + ")", "logit_bias"));
+        return send_error(res, api_error(400, "'logit_bias': token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                                  std::to_string(tok.vocab_size()) + ")", "logit_bias"));
     std::shared_ptr<const infer::Grammar> grammar;
     try {
       grammar = grammar_for(r);
     } catch (const std::exception& e) {
       const char* param = r.format == OutputFormat::Regex ? "regex" : r.format == OutputFormat::Choices ? "choices" : "response_format";
-      return send_error(res, error(400, e.what(), param, "unsupported_grammar"));
+      return send_error(res, api_error(400, e.what(), param, "unsupported_grammar"));
     }
 
     auto st = std::make_shared<RequestState>();
@@ -773,11 +766,11 @@ struct Server::Impl {
       } catch (const std::exception& e) {
         for (auto id : st->ids) l->scheduler->cancel(id);
         if (dynamic_cast<const infer::QueueFullError*>(&e))
-          return send_error(res, error(429, std::string("the server is busy (queue full): ") + e.what(), "", "queue_full"));
+          return send_error(res, api_error(429, std::string("the server is busy (queue full): ") + e.what(), "", "queue_full"));
         if (dynamic_cast<const infer::DrainingError*>(&e))
-          return send_error(res, error(503, "the server is shutting down", "", "draining"));
-        if (dynamic_cast<const ValueError*>(&e)) return send_error(res, error(400, e.what()));
-        return send_error(res, error(500, e.what()));
+          return send_error(res, api_error(503, "the server is shutting down", "", "draining"));
+        if (dynamic_cast<const ValueError*>(&e)) return send_error(res, api_error(400, e.what()));
+        return send_error(res, api_error(500, e.what()));
       }
     }
     metrics.add_prompt_tokens(static_cast<uint64_t>(prompt_tokens));
@@ -798,14 +791,14 @@ struct Server::Impl {
     }
     if (!st->error.empty()) {
       for (auto rid : st->ids) l->scheduler->cancel(rid);
-      return send_error(res, error(500, "generation failed: " + st->error));
+      return send_error(res, api_error(500, "generation failed: " + st->error));
     }
     json choices = json::array();
     int64_t completion_tokens = 0;
     for (int c = 0; c < st->total; ++c) {
       const auto& ch = st->choices[c];
       if (ch.finish_reason == "cancelled" || ch.finish_reason == "error")
-        return send_error(res, error(ch.finish_reason == "cancelled" ? 503 : 500, "generation " + ch.finish_reason));
+        return send_error(res, api_error(ch.finish_reason == "cancelled" ? 503 : 500, "generation " + ch.finish_reason));
       completion_tokens += ch.completion_tokens;
       json lp = logprobs_json(r, tok, ch.logprobs);
       if (chat)
@@ -878,7 +871,7 @@ struct Server::Impl {
           }
           if (done) {
             if (!error_message.empty()) {
-              ApiError err = error(500, "generation failed: " + error_message);
+              ApiError err = api_error(500, "generation failed: " + error_message);
               out += "data: " + dump(err.to_json()) + "\n\n";
             } else if (req->include_usage) {
               int64_t completion_tokens = 0;

@@ -140,6 +140,7 @@ class ServerProcess {
     return exit_code_;
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }  // -1 once it has exited
   std::string log() const { return read_text(log_); }
 
  private:

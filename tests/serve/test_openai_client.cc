@@ -18,6 +18,7 @@
 
 #include "common/cli_runner.h"
 #include "common/generate_fixtures.h"
+#include "common/model_factories.h"
 #include "corelm/model.h"
 #include "corelm/model_dir.h"
 #include "corelm/tokenizer_train.h"
@@ -70,17 +71,9 @@ class OpenAIClientTest : public ::testing::Test {
     train_bpe({(dir_ / "corpus.txt").string()}, bpe, (dir_ / "tokenizer.json").string());
     fs::remove(dir_ / "corpus.txt");
     auto tok = Tokenizer::load((dir_ / "tokenizer.json").string());
-    model::ModelConfig c;
-    c.vocab_size = static_cast<int64_t>(tok->vocab_size());
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
+    // Init range 0.1: real margins for greedy, still a spread for temperature 1.
+    model::ModelConfig c = corelm::testing::tiny_decoder_config(static_cast<int64_t>(tok->vocab_size()), 0.1);
     c.max_position_embeddings = 256;  // room for the chat prompts and 160 constrained tokens
-    c.tie_word_embeddings = true;
-    c.initializer_range = 0.1;  // real margins for greedy, still a spread for temperature 1
     model::Decoder d(c);
     d.init_weights(2024);
     model::save_model_dir(dir_.string(), d);

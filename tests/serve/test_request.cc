@@ -84,7 +84,7 @@ TEST(ServeRequest, Grammars) {
   auto js = ok(Chat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
                          "json_schema":{"name":"n","strict":true,"schema":{"type":"object"}}}})");
   EXPECT_EQ(js.format, OutputFormat::JsonSchema);
-  EXPECT_EQ(js.schema, nlohmann::json({{"type", "object"}}));
+  EXPECT_EQ(js.schema, nlohmann::ordered_json({{"type", "object"}}));
   EXPECT_EQ(ok(C, R"({"prompt":"x","response_format":{"type":"json_object"}})").format, OutputFormat::JsonObject);
   EXPECT_EQ(ok(C, R"({"prompt":"x","response_format":{"type":"text"}})").format, OutputFormat::Text);
   EXPECT_EQ(ok(C, R"({"prompt":"x","regex":"[0-9]+"})").format, OutputFormat::Regex);
@@ -95,6 +95,50 @@ TEST(ServeRequest, Grammars) {
   EXPECT_EQ(bad(C, R"({"prompt":"x","response_format":{"type":"xml"}})").param, "response_format");
   EXPECT_EQ(bad(C, R"({"prompt":"x","response_format":{"type":"json_schema"}})").param, "response_format");
   EXPECT_EQ(bad(C, R"({"prompt":"x","choices":[]})").param, "choices");
+}
+
+// The schema keeps the body's key order (the grammar emits properties in that order), also when
+// other members of the body share its key names; duplicate keys keep the last value, as
+// everywhere else in the body.
+TEST(ServeRequest, SchemaKeepsKeyOrder) {
+  auto js = ok(Chat, R"({"schema":1,"messages":[{"role":"user","content":"x","schema":{"b":1}}],
+                         "response_format":{"schema":2,"type":"json_schema","json_schema":{"schema":{"type":"object",
+                         "properties":{"z":{"type":"integer"},"a":{"type":"boolean"},"m":{"type":"string"}},
+                         "required":["z","a"]},"name":"n"}},"json_schema":{"schema":3}})");
+  ASSERT_EQ(js.format, OutputFormat::JsonSchema);
+  std::vector<std::string> keys, props;
+  for (auto it = js.schema.begin(); it != js.schema.end(); ++it) keys.push_back(it.key());
+  for (auto it = js.schema["properties"].begin(); it != js.schema["properties"].end(); ++it) props.push_back(it.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{"type", "properties", "required"}));
+  EXPECT_EQ(props, (std::vector<std::string>{"z", "a", "m"}));
+  auto dup = ok(Chat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+                          "json_schema":{"schema":{"type":"string"}}},"response_format":{"type":"json_schema",
+                          "json_schema":{"schema":{"type":"object","properties":{"y":{},"b":{}}}}}})");
+  EXPECT_EQ(dup.schema.dump(), R"({"type":"object","properties":{"y":{},"b":{}}})");
+}
+
+// Parsing an object in key order is quadratic in its size: a schema object over the bound is a
+// 400 before that parse.
+TEST(ServeRequest, SchemaObjectSizeIsBounded) {
+  auto body = [](int members) {
+    std::string props;
+    for (int i = 0; i < members; ++i) props += (i ? ",\"p" : "\"p") + std::to_string(i) + "\":{}";
+    return R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object",
+              "properties":{)" + props + "}}}}}";
+  };
+  EXPECT_EQ(ok(C, body(512)).schema["properties"].size(), 512u);
+  const ApiError e = bad(C, body(513));
+  EXPECT_EQ(e.param, "response_format");
+  EXPECT_NE(e.message.find("513 members, above the limit of 512"), std::string::npos) << e.message;
+  // So is the nesting (copies of a json value recurse), also where the compiler never looks; the
+  // check itself does not recurse.
+  auto nested = [](int levels) {
+    return R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":{"description":)" +
+           std::string(levels, '[') + std::string(levels, ']') + "}}}}";
+  };
+  EXPECT_EQ(ok(C, nested(63)).format, OutputFormat::JsonSchema);
+  EXPECT_NE(bad(C, nested(64)).message.find("nested deeper than 64 levels"), std::string::npos);
+  EXPECT_NE(bad(C, nested(100000)).message.find("nested deeper than 64 levels"), std::string::npos);
 }
 
 TEST(ServeRequest, WrongTypesNameTheParameter) {

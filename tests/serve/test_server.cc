@@ -308,6 +308,27 @@ TEST_F(ServeTest, ConstrainedChoices) {
   EXPECT_EQ(e["error"]["param"], "regex");
 }
 
+// Properties come out in the schema's key order, not sorted: the body is sent as text so its
+// order is the one written here.
+TEST_F(ServeTest, JsonSchemaKeepsPropertyOrder) {
+  const std::string body = R"({"messages":[{"role":"user","content":"json please"}],"max_tokens":48,"seed":5,
+      "response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object",
+      "properties":{"z":{"type":"integer"},"a":{"type":"boolean"}},"required":["z","a"]}}}})";
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  const json rj = json::parse(r->body, nullptr, false);
+  if (r->status == 400 && rj["error"]["code"] == "unsupported_grammar") GTEST_SKIP() << r->body;
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string text = rj["choices"][0]["message"]["content"];
+  const auto out = nlohmann::ordered_json::parse(text, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << text;
+  ASSERT_EQ(out.size(), 2u) << text;
+  EXPECT_EQ(out.begin().key(), "z") << text;
+  EXPECT_TRUE(out["z"].is_number_integer()) << text;
+  EXPECT_TRUE(out["a"].is_boolean()) << text;
+}
+
 TEST_F(ServeTest, RequestErrors) {
   auto [s1, e1] = post("/v1/completions", {{"model", "nope"}, {"prompt", "x"}});
   EXPECT_EQ(s1, 404);
