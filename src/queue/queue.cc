@@ -1,0 +1,644 @@
+#include "corelm/queue.h"
+
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "corelm/durable.h"
+
+namespace corelm::queue {
+namespace {
+
+// PRAGMA application_id of a corelm queue ("CLMQ"): tells our file from another program's SQLite.
+constexpr int32_t kApplicationId = 0x434C4D51;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+// FNV-1a 64 of model \0 body: only an index key; a dedup hit is confirmed by comparing the full
+// model and body, so a collision cannot return another request's result.
+std::string content_hash(const std::string& model, const std::string& body) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const std::string& s) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(model);
+  h ^= 0;
+  h *= 1099511628211ull;
+  mix(body);
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+RequestState parse_state(const std::string& s, const std::string& path) {
+  if (s == "queued") return RequestState::queued;
+  if (s == "running") return RequestState::running;
+  if (s == "done") return RequestState::done;
+  if (s == "failed") return RequestState::failed;
+  if (s == "cancelled") return RequestState::cancelled;
+  throw FormatError("queue " + path + ": unknown request state '" + s + "'");
+}
+
+// Schema v1. Partial indexes keep the hot queries (next queued, expired leases, dedup lookups)
+// off the done rows that make up most of a long-lived queue. state_counts is kept by triggers so
+// the max_requests check and counts() are O(1) at a million rows.
+const char* kSchemaV1 = R"sql(
+CREATE TABLE files(
+  id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
+  content BLOB, status TEXT NOT NULL DEFAULT 'processed', created_at REAL NOT NULL);
+CREATE TABLE batches(
+  id TEXT PRIMARY KEY, input_file_id TEXT, endpoint TEXT NOT NULL DEFAULT '',
+  completion_window TEXT NOT NULL DEFAULT '', metadata TEXT, status TEXT NOT NULL DEFAULT 'validating',
+  output_file_id TEXT, error_file_id TEXT, errors TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE requests(
+  id INTEGER PRIMARY KEY, batch_id TEXT, custom_id TEXT, model TEXT NOT NULL, body TEXT NOT NULL,
+  content_hash TEXT NOT NULL,
+  state TEXT NOT NULL CHECK(state IN ('queued','running','done','failed','cancelled')),
+  attempts INTEGER NOT NULL DEFAULT 0, lease_expiry REAL, worker_id TEXT, worker_pid INTEGER,
+  worker_host TEXT, last_error TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE INDEX requests_queued ON requests(id) WHERE state = 'queued';
+CREATE INDEX requests_running ON requests(lease_expiry) WHERE state = 'running';
+CREATE INDEX requests_worker ON requests(worker_id) WHERE state = 'running';
+CREATE INDEX requests_done_hash ON requests(content_hash) WHERE state = 'done';
+CREATE INDEX requests_batch ON requests(batch_id, state) WHERE batch_id IS NOT NULL;
+CREATE UNIQUE INDEX requests_custom_id ON requests(batch_id, custom_id)
+  WHERE batch_id IS NOT NULL AND custom_id IS NOT NULL;
+CREATE TABLE results(
+  request_id INTEGER PRIMARY KEY REFERENCES requests(id), status_code INTEGER NOT NULL,
+  body TEXT NOT NULL, error TEXT, finished_at REAL NOT NULL);
+CREATE TABLE state_counts(state TEXT PRIMARY KEY, n INTEGER NOT NULL);
+INSERT INTO state_counts VALUES ('queued',0),('running',0),('done',0),('failed',0),('cancelled',0);
+CREATE TRIGGER requests_count_insert AFTER INSERT ON requests BEGIN
+  UPDATE state_counts SET n = n + 1 WHERE state = NEW.state; END;
+CREATE TRIGGER requests_count_update AFTER UPDATE OF state ON requests WHEN OLD.state <> NEW.state BEGIN
+  UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
+  UPDATE state_counts SET n = n + 1 WHERE state = NEW.state; END;
+CREATE TRIGGER requests_count_delete AFTER DELETE ON requests BEGIN
+  UPDATE state_counts SET n = n - 1 WHERE state = OLD.state; END;
+)sql";
+
+}  // namespace
+
+const char* to_string(RequestState s) {
+  switch (s) {
+    case RequestState::queued: return "queued";
+    case RequestState::running: return "running";
+    case RequestState::done: return "done";
+    case RequestState::failed: return "failed";
+    case RequestState::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+std::string queue_path(const std::string& state_dir) {
+  return (std::filesystem::path(state_dir) / "queue.sqlite").string();
+}
+
+struct Queue::Impl {
+  std::string path;
+  QueueOptions opt;
+  sqlite3* db = nullptr;
+  std::string host = host_name();
+  mutable std::mutex mu;
+  // Keyed by the SQL literal's address: every cached statement is a string literal.
+  mutable std::unordered_map<const char*, sqlite3_stmt*> stmts;
+
+  ~Impl() {
+    for (auto& [sql, st] : stmts) sqlite3_finalize(st);
+    if (db) sqlite3_close_v2(db);
+  }
+
+  // Waiting for another process's write lock. SQLite's own busy_timeout sleeps in steps growing
+  // to 100 ms, so a process that commits in a tight loop starves the other one (seen with two
+  // workers: one got every request); polling every ~1 ms, with jitter, gives the waiter a fair
+  // chance at each gap between the holder's transactions.
+  std::chrono::steady_clock::time_point busy_since;
+  unsigned busy_seed = static_cast<unsigned>(getpid());
+  static int on_busy(void* self, int count) {
+    auto* q = static_cast<Impl*>(self);
+    auto now = std::chrono::steady_clock::now();
+    if (count == 0) q->busy_since = now;
+    if (now - q->busy_since >= std::chrono::milliseconds(q->opt.busy_timeout_ms)) return 0;
+    q->busy_seed = q->busy_seed * 1103515245u + 12345u;
+    usleep(500 + (q->busy_seed >> 16) % 1000);
+    return 1;
+  }
+
+  [[noreturn]] void raise(int rc, const std::string& what) const {
+    std::string msg = "queue " + path + ": " + what + ": " + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+    int primary = rc & 0xff;
+    if (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB)
+      throw FormatError(msg + " (the file is corrupt or not a corelm queue)");
+    if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED)
+      throw IOError(msg + " (another process held the write lock longer than busy_timeout_ms=" +
+                    std::to_string(opt.busy_timeout_ms) + ")");
+    if (primary == SQLITE_FULL) throw IOError(msg + " (disk full; nothing of this transaction was stored)");
+    if (primary == SQLITE_CONSTRAINT) throw ValueError(msg);
+    throw IOError(msg);
+  }
+
+  void exec(const char* sql) const {
+    char* err = nullptr;
+    int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+    if (rc != SQLITE_OK) {
+      std::string e = err ? err : sqlite3_errstr(rc);
+      sqlite3_free(err);
+      raise(rc, std::string("'") + std::string(sql).substr(0, 40) + "' failed (" + e + ")");
+    }
+  }
+
+  // A cached prepared statement, reset and unbound for reuse.
+  sqlite3_stmt* stmt(const char* sql) const {
+    auto it = stmts.find(sql);
+    if (it != stmts.end()) {
+      sqlite3_reset(it->second);
+      sqlite3_clear_bindings(it->second);
+      return it->second;
+    }
+    sqlite3_stmt* st = nullptr;
+    int rc = sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, nullptr);
+    if (rc != SQLITE_OK) raise(rc, "prepare");
+    stmts.emplace(sql, st);
+    return st;
+  }
+
+  void bind(sqlite3_stmt* st, int i, const std::string& s) const {
+    sqlite3_bind_text(st, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
+  }
+  void bind(sqlite3_stmt* st, int i, const std::optional<std::string>& s) const {
+    if (s) bind(st, i, *s);
+    else sqlite3_bind_null(st, i);
+  }
+  void bind(sqlite3_stmt* st, int i, int64_t v) const { sqlite3_bind_int64(st, i, v); }
+  void bind(sqlite3_stmt* st, int i, double v) const { sqlite3_bind_double(st, i, v); }
+
+  // Steps a statement; true while it yields a row.
+  bool step(sqlite3_stmt* st) const {
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    sqlite3_reset(st);
+    raise(rc, "statement failed");
+  }
+  void run(sqlite3_stmt* st) const {
+    while (step(st)) {
+    }
+  }
+
+  static std::string text(sqlite3_stmt* st, int col) {
+    const unsigned char* p = sqlite3_column_text(st, col);
+    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(st, col)) : std::string();
+  }
+  static std::optional<std::string> opt_text(sqlite3_stmt* st, int col) {
+    if (sqlite3_column_type(st, col) == SQLITE_NULL) return std::nullopt;
+    return text(st, col);
+  }
+
+  int64_t pragma_int(const char* sql) const {
+    sqlite3_stmt* st = stmt(sql);
+    int64_t v = step(st) ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_reset(st);
+    return v;
+  }
+
+  // BEGIN IMMEDIATE takes the write lock up front, so two processes never both read and then
+  // deadlock upgrading; busy_timeout makes the loser wait instead of failing.
+  template <typename F>
+  auto write(F&& f) {
+    exec("BEGIN IMMEDIATE");
+    try {
+      if constexpr (std::is_void_v<decltype(f())>) {
+        f();
+        exec("COMMIT");
+      } else {
+        auto r = f();
+        exec("COMMIT");
+        return r;
+      }
+    } catch (...) {
+      sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+      throw;
+    }
+  }
+
+  int64_t pending() const {
+    sqlite3_stmt* st = stmt("SELECT COALESCE(SUM(n),0) FROM state_counts WHERE state IN ('queued','running')");
+    int64_t n = step(st) ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_reset(st);
+    return n;
+  }
+
+  void insert_result(RequestId id, const Result& r, double t) {
+    sqlite3_stmt* st = stmt(
+        "INSERT INTO results(request_id, status_code, body, error, finished_at) VALUES(?,?,?,?,?)");
+    bind(st, 1, id);
+    bind(st, 2, r.status_code);
+    bind(st, 3, r.body);
+    if (r.error.empty()) sqlite3_bind_null(st, 4);
+    else bind(st, 4, r.error);
+    bind(st, 5, t);
+    run(st);
+  }
+
+  RequestId insert_one(const NewRequest& r, double t) {
+    if (r.model.empty()) throw ValueError("queue " + path + ": enqueue: model is empty");
+    if (!nlohmann::json::accept(r.body))
+      throw ValueError("queue " + path + ": enqueue: body is not valid JSON" +
+                       (r.custom_id ? " (custom_id " + *r.custom_id + ")" : std::string()));
+    std::string hash = content_hash(r.model, r.body);
+    std::optional<Result> reuse;
+    if (opt.dedup) {
+      sqlite3_stmt* st = stmt(
+          "SELECT s.status_code, s.body, s.error FROM requests r JOIN results s ON s.request_id = r.id "
+          "WHERE r.content_hash = ? AND r.state = 'done' AND r.model = ? AND r.body = ? LIMIT 1");
+      bind(st, 1, hash);
+      bind(st, 2, r.model);
+      bind(st, 3, r.body);
+      if (step(st)) reuse = Result{sqlite3_column_int64(st, 0), text(st, 1), text(st, 2)};
+      sqlite3_reset(st);
+    }
+    sqlite3_stmt* st = stmt(
+        "INSERT INTO requests(batch_id, custom_id, model, body, content_hash, state, created_at, updated_at) "
+        "VALUES(?,?,?,?,?,?,?,?)");
+    bind(st, 1, r.batch_id);
+    bind(st, 2, r.custom_id);
+    bind(st, 3, r.model);
+    bind(st, 4, r.body);
+    bind(st, 5, hash);
+    bind(st, 6, std::string(reuse ? "done" : "queued"));
+    bind(st, 7, t);
+    bind(st, 8, t);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE) {
+      sqlite3_reset(st);
+      if ((rc & 0xff) == SQLITE_CONSTRAINT && r.batch_id && r.custom_id)
+        throw ValueError("queue " + path + ": duplicate custom_id '" + *r.custom_id + "' in batch " + *r.batch_id);
+      raise(rc, "enqueue");
+    }
+    RequestId id = sqlite3_last_insert_rowid(db);
+    if (reuse) insert_result(id, *reuse, t);
+    return id;
+  }
+
+  // A running request back to queued, or to failed with an error result when its attempts are
+  // spent (a request that kills every worker that takes it must not loop forever).
+  RequestState release(RequestId id, int64_t attempts, const std::string& error, double t) {
+    bool out = attempts >= opt.max_attempts;
+    sqlite3_stmt* st = stmt(
+        "UPDATE requests SET state = ?, lease_expiry = NULL, worker_id = NULL, worker_pid = NULL, "
+        "worker_host = NULL, last_error = ?, updated_at = ? WHERE id = ?");
+    bind(st, 1, std::string(out ? "failed" : "queued"));
+    bind(st, 2, error);
+    bind(st, 3, t);
+    bind(st, 4, id);
+    run(st);
+    if (out) {
+      insert_result(id, Result{500, "", "failed after " + std::to_string(attempts) + " attempts; last: " + error}, t);
+      return RequestState::failed;
+    }
+    return RequestState::queued;
+  }
+
+  int64_t reclaim_locked(double t) {
+    struct Lost {
+      RequestId id;
+      int64_t attempts;
+      std::string why;
+    };
+    std::vector<Lost> lost;
+    {
+      sqlite3_stmt* st = stmt(
+          "SELECT id, attempts, worker_id FROM requests WHERE state = 'running' AND lease_expiry < ?");
+      bind(st, 1, t);
+      while (step(st))
+        lost.push_back({sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1),
+                        "lease of worker " + text(st, 2) + " expired"});
+      sqlite3_reset(st);
+    }
+    {
+      sqlite3_stmt* st = stmt(
+          "SELECT DISTINCT worker_pid FROM requests WHERE state = 'running' AND worker_host = ? AND lease_expiry >= ?");
+      bind(st, 1, host);
+      bind(st, 2, t);
+      std::vector<int64_t> dead;
+      while (step(st)) {
+        int64_t pid = sqlite3_column_int64(st, 0);
+        if (pid > 0 && !process_alive(pid)) dead.push_back(pid);
+      }
+      sqlite3_reset(st);
+      for (int64_t pid : dead) {
+        sqlite3_stmt* q = stmt(
+            "SELECT id, attempts, worker_id FROM requests WHERE state = 'running' AND worker_host = ? "
+            "AND worker_pid = ? AND lease_expiry >= ?");
+        bind(q, 1, host);
+        bind(q, 2, pid);
+        bind(q, 3, t);
+        while (step(q))
+          lost.push_back({sqlite3_column_int64(q, 0), sqlite3_column_int64(q, 1),
+                          "worker " + text(q, 2) + " (pid " + std::to_string(pid) + ") is gone"});
+        sqlite3_reset(q);
+      }
+    }
+    for (const Lost& l : lost) release(l.id, l.attempts, l.why, t);
+    return static_cast<int64_t>(lost.size());
+  }
+
+  // Refuses a worker that does not hold the lease; returns the attempts so far.
+  int64_t check_holder(RequestId id, const std::string& worker_id, const char* op) {
+    sqlite3_stmt* st = stmt("SELECT state, worker_id, attempts FROM requests WHERE id = ?");
+    bind(st, 1, id);
+    if (!step(st)) {
+      sqlite3_reset(st);
+      throw IndexError("queue " + path + ": " + op + ": no request " + std::to_string(id));
+    }
+    std::string state = text(st, 0), holder = text(st, 1);
+    int64_t attempts = sqlite3_column_int64(st, 2);
+    sqlite3_reset(st);
+    if (state != "running" || holder != worker_id)
+      throw LeaseLostError("queue " + path + ": " + op + " of request " + std::to_string(id) + " by worker " +
+                           worker_id + " refused: the request is " + state +
+                           (state == "running" ? " under worker " + holder : std::string()) +
+                           " (the lease expired or was reclaimed)");
+    return attempts;
+  }
+
+  Counts counts_where(const std::optional<std::string>& batch_id) const {
+    Counts c;
+    sqlite3_stmt* st = batch_id
+        ? stmt("SELECT state, COUNT(*) FROM requests WHERE batch_id = ? GROUP BY state")
+        : stmt("SELECT state, n FROM state_counts");
+    if (batch_id) bind(st, 1, *batch_id);
+    while (step(st)) {
+      int64_t n = sqlite3_column_int64(st, 1);
+      switch (parse_state(text(st, 0), path)) {
+        case RequestState::queued: c.queued = n; break;
+        case RequestState::running: c.running = n; break;
+        case RequestState::done: c.done = n; break;
+        case RequestState::failed: c.failed = n; break;
+        case RequestState::cancelled: c.cancelled = n; break;
+      }
+    }
+    sqlite3_reset(st);
+    return c;
+  }
+
+  int64_t check_identity() const;
+  void migrate();
+};
+
+// Brings the file to kSchemaVersion inside one write transaction, so two processes opening a new
+// file at once create the schema once. Version 0 with no tables is a new file.
+int64_t Queue::Impl::check_identity() const {
+  int64_t version = pragma_int("PRAGMA user_version");
+  int64_t app = pragma_int("PRAGMA application_id");
+  int64_t tables = pragma_int("SELECT COUNT(*) FROM sqlite_schema");
+  if (version > kSchemaVersion && app == kApplicationId)
+    throw FormatError("queue " + path + ": schema version " + std::to_string(version) +
+                      " is newer than this corelm knows (" + std::to_string(kSchemaVersion) +
+                      "); open it with a newer corelm");
+  if (app != kApplicationId && (app != 0 || version != 0 || tables != 0))
+    throw FormatError("queue " + path + ": a SQLite database of another application (application_id " +
+                      std::to_string(app) + ", user_version " + std::to_string(version) + ", " +
+                      std::to_string(tables) +
+                      " schema objects), not a corelm queue; move it or choose another --state-dir");
+  return version;
+}
+
+void Queue::Impl::migrate() {
+  write([&] {
+    int64_t version = check_identity();
+    if (version == 0) {
+      exec(kSchemaV1);
+      exec(("PRAGMA application_id = " + std::to_string(kApplicationId)).c_str());
+      exec("PRAGMA user_version = 1");
+      version = 1;
+    }
+    // Later versions: `if (version == 1) { ALTER ...; PRAGMA user_version = 2; version = 2; }`
+  });
+}
+
+Queue::Queue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Queue::Queue(Queue&&) noexcept = default;
+Queue& Queue::operator=(Queue&&) noexcept = default;
+Queue::~Queue() = default;
+
+Queue Queue::open(const std::string& path, const QueueOptions& options) {
+  if (options.max_requests < 1) throw ValueError("queue: max_requests must be >= 1");
+  if (!(options.lease_seconds > 0)) throw ValueError("queue: lease_seconds must be > 0");
+  if (options.max_attempts < 1) throw ValueError("queue: max_attempts must be >= 1");
+  if (options.busy_timeout_ms < 0) throw ValueError("queue: busy_timeout_ms must be >= 0");
+  namespace fs = std::filesystem;
+  fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent))
+    throw IOError("queue " + path + ": folder " + parent.string() + " does not exist");
+  // SQLite would report a foreign file only at the first query, as "file is not a database";
+  // the header check names what the file is instead.
+  std::error_code ec;
+  if (fs::exists(path, ec) && fs::file_size(path, ec) > 0) {
+    std::ifstream in(path, std::ios::binary);
+    char head[16] = {0};
+    in.read(head, sizeof head);
+    if (!in || std::memcmp(head, "SQLite format 3", 16) != 0)
+      throw FormatError("queue " + path + ": not a SQLite database (the file does not start with the "
+                        "SQLite header); move it or choose another --state-dir");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->opt = options;
+  int rc = sqlite3_open_v2(path.c_str(), &impl->db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) impl->raise(rc, "cannot open");
+  sqlite3_extended_result_codes(impl->db, 1);
+  sqlite3_busy_handler(impl->db, &Impl::on_busy, impl.get());
+  // Before anything writes (switching to WAL rewrites the header): never touch a foreign file.
+  impl->check_identity();
+  {
+    sqlite3_stmt* st = impl->stmt("PRAGMA journal_mode = WAL");
+    std::string mode = impl->step(st) ? Impl::text(st, 0) : "";
+    sqlite3_reset(st);
+    if (mode != "wal") throw IOError("queue " + path + ": cannot switch to WAL mode (got '" + mode + "')");
+  }
+  impl->exec(options.sync == Sync::full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
+  impl->exec("PRAGMA foreign_keys = ON");
+  impl->migrate();
+  return Queue(std::move(impl));
+}
+
+int64_t Queue::schema_version() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->pragma_int("PRAGMA user_version");
+}
+
+const std::string& Queue::path() const { return impl_->path; }
+
+RequestId Queue::enqueue(const std::string& model, const std::string& body_json,
+                         const std::optional<std::string>& batch_id, const std::optional<std::string>& custom_id) {
+  return enqueue_many({NewRequest{model, body_json, batch_id, custom_id}}).front();
+}
+
+std::vector<RequestId> Queue::enqueue_many(const std::vector<NewRequest>& requests) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    int64_t pending = q.pending();
+    if (pending + static_cast<int64_t>(requests.size()) > q.opt.max_requests)
+      throw QueueFullError("queue " + q.path + " is full: " + std::to_string(pending) + " requests queued or running, max_requests " +
+                           std::to_string(q.opt.max_requests) + "; " + std::to_string(requests.size()) +
+                           " more do not fit (retry later)");
+    double t = now_seconds();
+    std::vector<RequestId> ids;
+    ids.reserve(requests.size());
+    for (const NewRequest& r : requests) ids.push_back(q.insert_one(r, t));
+    return ids;
+  });
+}
+
+std::vector<LeasedRequest> Queue::lease(const std::string& worker_id, int64_t n) {
+  if (worker_id.empty()) throw ValueError("queue: lease: worker_id is empty");
+  if (n < 1) throw ValueError("queue: lease: n must be >= 1, got " + std::to_string(n));
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    double t = now_seconds();
+    q.reclaim_locked(t);
+    std::vector<LeasedRequest> out;
+    sqlite3_stmt* st = q.stmt(
+        "SELECT id, model, body, batch_id, custom_id, attempts FROM requests WHERE state = 'queued' "
+        "ORDER BY id LIMIT ?");
+    q.bind(st, 1, n);
+    while (q.step(st))
+      out.push_back({sqlite3_column_int64(st, 0), Impl::text(st, 1), Impl::text(st, 2), Impl::opt_text(st, 3),
+                     Impl::opt_text(st, 4), sqlite3_column_int64(st, 5) + 1});
+    sqlite3_reset(st);
+    for (const LeasedRequest& r : out) {
+      sqlite3_stmt* u = q.stmt(
+          "UPDATE requests SET state = 'running', attempts = attempts + 1, lease_expiry = ?, worker_id = ?, "
+          "worker_pid = ?, worker_host = ?, updated_at = ? WHERE id = ?");
+      q.bind(u, 1, t + q.opt.lease_seconds);
+      q.bind(u, 2, worker_id);
+      q.bind(u, 3, static_cast<int64_t>(getpid()));
+      q.bind(u, 4, q.host);
+      q.bind(u, 5, t);
+      q.bind(u, 6, r.id);
+      q.run(u);
+    }
+    return out;
+  });
+}
+
+void Queue::complete(RequestId id, const std::string& worker_id, const Result& result) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  q.write([&] {
+    q.check_holder(id, worker_id, "complete");
+    double t = now_seconds();
+    sqlite3_stmt* st = q.stmt(
+        "UPDATE requests SET state = 'done', lease_expiry = NULL, updated_at = ? WHERE id = ?");
+    q.bind(st, 1, t);
+    q.bind(st, 2, id);
+    q.run(st);
+    q.insert_result(id, result, t);
+  });
+}
+
+RequestState Queue::fail(RequestId id, const std::string& worker_id, const std::string& error) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    int64_t attempts = q.check_holder(id, worker_id, "fail");
+    return q.release(id, attempts, error, now_seconds());
+  });
+}
+
+int64_t Queue::renew(const std::string& worker_id) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    double t = now_seconds();
+    sqlite3_stmt* st = q.stmt(
+        "UPDATE requests SET lease_expiry = ?, updated_at = ? WHERE state = 'running' AND worker_id = ? "
+        "AND lease_expiry >= ?");
+    q.bind(st, 1, t + q.opt.lease_seconds);
+    q.bind(st, 2, t);
+    q.bind(st, 3, worker_id);
+    q.bind(st, 4, t);
+    q.run(st);
+    return static_cast<int64_t>(sqlite3_changes(q.db));
+  });
+}
+
+int64_t Queue::reclaim() {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] { return q.reclaim_locked(now_seconds()); });
+}
+
+std::optional<RequestInfo> Queue::get(RequestId id) const {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  sqlite3_stmt* st = q.stmt(
+      "SELECT r.state, r.attempts, r.model, r.batch_id, r.custom_id, r.worker_id, "
+      "s.request_id IS NOT NULL, s.status_code, s.body, s.error "
+      "FROM requests r LEFT JOIN results s ON s.request_id = r.id WHERE r.id = ?");
+  q.bind(st, 1, id);
+  if (!q.step(st)) {
+    sqlite3_reset(st);
+    return std::nullopt;
+  }
+  RequestInfo info;
+  info.id = id;
+  info.state = parse_state(Impl::text(st, 0), q.path);
+  info.attempts = sqlite3_column_int64(st, 1);
+  info.model = Impl::text(st, 2);
+  info.batch_id = Impl::opt_text(st, 3);
+  info.custom_id = Impl::opt_text(st, 4);
+  info.worker_id = Impl::text(st, 5);
+  if (sqlite3_column_int64(st, 6))
+    info.result = Result{sqlite3_column_int64(st, 7), Impl::text(st, 8), Impl::text(st, 9)};
+  sqlite3_reset(st);
+  return info;
+}
+
+Counts Queue::counts() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->counts_where(std::nullopt);
+}
+
+Counts Queue::counts(const std::string& batch_id) const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->counts_where(batch_id);
+}
+
+int64_t Queue::cancel_batch(const std::string& batch_id) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    sqlite3_stmt* st = q.stmt(
+        "UPDATE requests SET state = 'cancelled', updated_at = ? WHERE batch_id = ? AND state = 'queued'");
+    q.bind(st, 1, now_seconds());
+    q.bind(st, 2, batch_id);
+    q.run(st);
+    return static_cast<int64_t>(sqlite3_changes(q.db));
+  });
+}
+
+}  // namespace corelm::queue
