@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "corelm/error.h"
@@ -116,6 +117,11 @@ class Queue {
   // Stores the result and marks the request done, in one transaction; LeaseLostError when
   // worker_id does not hold the request's lease.
   void complete(RequestId id, const std::string& worker_id, const Result& result);
+  // complete() for several requests in one transaction (one fsync: a scheduler step that ends
+  // several sequences acks them together). Requests whose lease worker_id no longer holds are
+  // skipped and returned; the others are stored.
+  std::vector<RequestId> complete_many(const std::string& worker_id,
+                                       const std::vector<std::pair<RequestId, Result>>& results);
   // Back to queued, or failed with an error result once attempts >= max_attempts.
   // Returns the new state. LeaseLostError as complete().
   RequestState fail(RequestId id, const std::string& worker_id, const std::string& error);

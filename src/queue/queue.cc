@@ -401,6 +401,7 @@ struct Queue::Impl {
     return c;
   }
 
+  void mark_done(RequestId id, const Result& result, double t);
   int64_t check_identity() const;
   void migrate();
 };
@@ -545,18 +546,40 @@ std::vector<LeasedRequest> Queue::lease(const std::string& worker_id, int64_t n)
   });
 }
 
+void Queue::Impl::mark_done(RequestId id, const Result& result, double t) {
+  sqlite3_stmt* st = stmt("UPDATE requests SET state = 'done', lease_expiry = NULL, updated_at = ? WHERE id = ?");
+  bind(st, 1, t);
+  bind(st, 2, id);
+  run(st);
+  insert_result(id, result, t);
+}
+
 void Queue::complete(RequestId id, const std::string& worker_id, const Result& result) {
   std::lock_guard lk(impl_->mu);
   Impl& q = *impl_;
   q.write([&] {
     q.check_holder(id, worker_id, "complete");
+    q.mark_done(id, result, now_seconds());
+  });
+}
+
+std::vector<RequestId> Queue::complete_many(const std::string& worker_id,
+                                            const std::vector<std::pair<RequestId, Result>>& results) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
     double t = now_seconds();
-    sqlite3_stmt* st = q.stmt(
-        "UPDATE requests SET state = 'done', lease_expiry = NULL, updated_at = ? WHERE id = ?");
-    q.bind(st, 1, t);
-    q.bind(st, 2, id);
-    q.run(st);
-    q.insert_result(id, result, t);
+    std::vector<RequestId> refused;
+    for (const auto& [id, result] : results) {
+      try {
+        q.check_holder(id, worker_id, "complete");
+      } catch (const LeaseLostError&) {
+        refused.push_back(id);
+        continue;
+      }
+      q.mark_done(id, result, t);
+    }
+    return refused;
   });
 }
 

@@ -200,6 +200,24 @@ TEST_F(QueueTest, ExpiredLeaseIsReclaimedAndStaleCompleteRefused) {
   EXPECT_EQ(q.get(a)->result->body, "{\"fresh\":1}");
 }
 
+TEST_F(QueueTest, CompleteManyStoresHeldAndReturnsRefused) {
+  Queue q = Queue::open(path_);
+  for (int i = 0; i < 4; ++i) q.enqueue("m", body_of(i));
+  auto mine = q.lease("a", 3);
+  auto theirs = q.lease("b", 1);
+  ASSERT_EQ(mine.size(), 3u);
+  ASSERT_EQ(theirs.size(), 1u);
+  std::vector<std::pair<RequestId, Result>> rs;
+  for (const auto& r : mine) rs.push_back({r.id, Result{200, "{\"n\":" + std::to_string(r.id) + "}", ""}});
+  rs.push_back({theirs[0].id, Result{200, "{}", ""}});
+  auto refused = q.complete_many("a", rs);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0], theirs[0].id);
+  EXPECT_EQ(q.counts().done, 3);
+  EXPECT_EQ(q.get(theirs[0].id)->state, RequestState::running);
+  EXPECT_EQ(q.get(mine[1].id)->result->body, "{\"n\":" + std::to_string(mine[1].id) + "}");
+}
+
 TEST_F(QueueTest, RenewKeepsTheLeaseAndLeaseReclaimsExpiredOnes) {
   Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 0.3});
   q.enqueue("m", body_of(1));
@@ -519,10 +537,19 @@ TEST_F(QueueTest, DISABLED_Bench) {
     auto t3 = std::chrono::steady_clock::now();
     q.enqueue_many(many);
     auto t4 = std::chrono::steady_clock::now();
+    auto t5 = std::chrono::steady_clock::now();
+    for (int done = 0; done < N;) {
+      auto got = q.lease("w", 8);
+      std::vector<std::pair<RequestId, Result>> rs;
+      for (const auto& r : got) rs.push_back({r.id, Result{200, "{\"text\":\"0123456789\"}", ""}});
+      q.complete_many("w", rs);
+      done += static_cast<int>(got.size());
+    }
+    auto t6 = std::chrono::steady_clock::now();
     auto us = [](auto d) { return std::chrono::duration<double, std::micro>(d).count() / N; };
     std::printf("{\"bench\":\"queue\",\"sync\":\"%s\",\"n\":%d,\"enqueue_us\":%.1f,\"lease_complete_us\":%.1f,"
-                "\"enqueue_many_us\":%.2f,\"db_bytes\":%lld}\n",
-                s == Sync::full ? "full" : "normal", N, us(t1 - t0), us(t2 - t1), us(t4 - t3),
+                "\"enqueue_many_us\":%.2f,\"lease8_complete_many_us\":%.1f,\"db_bytes\":%lld}\n",
+                s == Sync::full ? "full" : "normal", N, us(t1 - t0), us(t2 - t1), us(t4 - t3), us(t6 - t5),
                 static_cast<long long>(fs::file_size(p) + (fs::exists(p + "-wal") ? fs::file_size(p + "-wal") : 0)));
   }
 }
