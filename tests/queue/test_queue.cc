@@ -182,11 +182,11 @@ TEST_F(QueueTest, DedupReturnsStoredResultOfIdenticalDoneRequest) {
 }
 
 TEST_F(QueueTest, ExpiredLeaseIsReclaimedAndStaleCompleteRefused) {
-  Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 0.2});
+  Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 0.5});
   RequestId a = q.enqueue("m", body_of(1));
   ASSERT_EQ(q.lease("slow", 1).size(), 1u);
   EXPECT_EQ(q.reclaim(), 0);  // still held
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
   EXPECT_EQ(q.reclaim(), 1);
   EXPECT_EQ(q.get(a)->state, RequestState::queued);
   auto l = q.lease("fast", 1);
@@ -219,16 +219,16 @@ TEST_F(QueueTest, CompleteManyStoresHeldAndReturnsRefused) {
 }
 
 TEST_F(QueueTest, RenewKeepsTheLeaseAndLeaseReclaimsExpiredOnes) {
-  Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 0.3});
+  Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 1.0});
   q.enqueue("m", body_of(1));
   q.enqueue("m", body_of(2));
   ASSERT_EQ(q.lease("keeper", 1).size(), 1u);
   ASSERT_EQ(q.lease("sleeper", 1).size(), 1u);
-  for (int i = 0; i < 3; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
     EXPECT_EQ(q.renew("keeper"), 1);
   }
-  // sleeper's lease (450 ms old) expired; lease() reclaims it before choosing.
+  // sleeper's lease (over 1.25 s old) expired; lease() reclaims it before choosing.
   auto l = q.lease("other", 5);
   ASSERT_EQ(l.size(), 1u);
   EXPECT_EQ(l[0].body, body_of(2));
@@ -444,6 +444,36 @@ TEST_F(QueueTest, TwoProcessesNeverLeaseTheSameRequest) {
   }
 }
 
+// The server's threads share one Queue object: the same exactly-once holds within a process.
+TEST_F(QueueTest, ThreadsSharingOneQueueCompleteEachRequestOnce) {
+  constexpr int N = 200;
+  Queue q = Queue::open(path_, QueueOptions{.sync = Sync::normal});
+  std::vector<NewRequest> reqs;
+  for (int i = 0; i < N; ++i) reqs.push_back({"m", body_of(i)});
+  q.enqueue_many(reqs);
+  std::vector<std::vector<RequestId>> got(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::string w = "t" + std::to_string(t);
+      for (auto l = q.lease(w, 3); !l.empty(); l = q.lease(w, 3))
+        for (const auto& r : l) {
+          q.complete(r.id, w, Result{200, "{}", ""});
+          got[t].push_back(r.id);
+        }
+    });
+  for (auto& th : threads) th.join();
+  std::set<RequestId> all;
+  size_t n = 0;
+  for (const auto& v : got) {
+    all.insert(v.begin(), v.end());
+    n += v.size();
+  }
+  EXPECT_EQ(n, static_cast<size_t>(N));
+  EXPECT_EQ(all.size(), static_cast<size_t>(N));
+  EXPECT_EQ(q.counts().done, N);
+}
+
 // A worker completing in a loop is killed with SIGKILL at a random moment: every result it
 // reported is on disk once, the file is consistent, and nothing is lost.
 TEST_F(QueueTest, KillNineMidLoopLosesAndDuplicatesNothing) {
@@ -509,8 +539,11 @@ TEST_F(QueueTest, KillNineMidLoopLosesAndDuplicatesNothing) {
   }
   // The parent drains what is left: all N done, one result each.
   Queue q = Queue::open(path_);
-  for (auto got = q.lease("parent", 64); !got.empty(); got = q.lease("parent", 64))
-    for (const auto& r : got) q.complete(r.id, "parent", Result{200, "{\"id\":" + std::to_string(r.id) + "}", ""});
+  for (auto got = q.lease("parent", 64); !got.empty(); got = q.lease("parent", 64)) {
+    std::vector<std::pair<RequestId, Result>> rs;
+    for (const auto& r : got) rs.push_back({r.id, Result{200, "{\"id\":" + std::to_string(r.id) + "}", ""}});
+    EXPECT_TRUE(q.complete_many("parent", rs).empty());
+  }
   EXPECT_EQ(q.counts().done, N);
   EXPECT_EQ(sql_scalar(path_, "SELECT COUNT(DISTINCT request_id) FROM results"), std::to_string(N));
   EXPECT_EQ(sql_scalar(path_, "SELECT COUNT(*) FROM results s JOIN requests r ON r.id = s.request_id "
