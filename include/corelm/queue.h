@@ -23,6 +23,12 @@ class QueueFullError : public Error {
  public:
   using Error::Error;
 };
+// A write that does not fit: the file reached max_db_bytes or the disk is full (the server
+// answers 507). The transaction is rolled back whole; what was stored before stays readable.
+class StorageFullError : public IOError {
+ public:
+  using IOError::IOError;
+};
 // complete()/fail() by a worker that no longer holds the request's lease (it expired and the
 // request was reclaimed, maybe leased by another worker): its result is refused, not stored.
 class LeaseLostError : public Error {
@@ -45,6 +51,7 @@ struct QueueOptions {
   int64_t busy_timeout_ms = 10'000;  // wait this long for another process's write lock
   Sync sync = Sync::full;
   bool dedup = true;                 // an identical model + body already done reuses its result
+  int64_t max_db_bytes = 0;          // cap on the database file (0: none); beyond -> StorageFullError
 };
 
 using RequestId = int64_t;

@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -151,7 +152,9 @@ struct Queue::Impl {
     if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED)
       throw IOError(msg + " (another process held the write lock longer than busy_timeout_ms=" +
                     std::to_string(opt.busy_timeout_ms) + ")");
-    if (primary == SQLITE_FULL) throw IOError(msg + " (disk full; nothing of this transaction was stored)");
+    if (primary == SQLITE_FULL)
+      throw StorageFullError(msg + " (the disk is full or the queue reached max_db_bytes=" +
+                             std::to_string(opt.max_db_bytes) + "; nothing of this transaction was stored)");
     if (primary == SQLITE_CONSTRAINT) throw ValueError(msg);
     throw IOError(msg);
   }
@@ -447,6 +450,7 @@ Queue Queue::open(const std::string& path, const QueueOptions& options) {
   if (!(options.lease_seconds > 0)) throw ValueError("queue: lease_seconds must be > 0");
   if (options.max_attempts < 1) throw ValueError("queue: max_attempts must be >= 1");
   if (options.busy_timeout_ms < 0) throw ValueError("queue: busy_timeout_ms must be >= 0");
+  if (options.max_db_bytes < 0) throw ValueError("queue: max_db_bytes must be >= 0");
   namespace fs = std::filesystem;
   fs::path parent = fs::path(path).parent_path();
   if (!parent.empty() && !fs::is_directory(parent))
@@ -481,6 +485,13 @@ Queue Queue::open(const std::string& path, const QueueOptions& options) {
   impl->exec(options.sync == Sync::full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
   impl->exec("PRAGMA foreign_keys = ON");
   impl->migrate();
+  if (options.max_db_bytes > 0) {
+    // max_page_count is per connection and never below the current size: a cap smaller than
+    // the file only refuses growth.
+    int64_t page = impl->pragma_int("PRAGMA page_size");
+    int64_t pages = std::max<int64_t>(1, options.max_db_bytes / std::max<int64_t>(page, 1));
+    impl->exec(("PRAGMA max_page_count = " + std::to_string(pages)).c_str());
+  }
   return Queue(std::move(impl));
 }
 

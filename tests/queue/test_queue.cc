@@ -301,6 +301,68 @@ TEST_F(QueueTest, FullQueueIsRefusedAllOrNothing) {
   EXPECT_EQ(q.counts().queued, 3);
 }
 
+TEST_F(QueueTest, StorageFullIsAClearErrorAndLosesNothingStored) {
+  Queue q = Queue::open(path_, QueueOptions{.max_db_bytes = 256 * 1024});
+  std::string big = "{\"prompt\":\"" + std::string(2000, 'x') + "\",\"i\":";
+  int stored = 0;
+  std::string msg;
+  for (int i = 0; i < 1000; ++i) {
+    try {
+      q.enqueue("m", big + std::to_string(i) + "}");
+      ++stored;
+    } catch (const StorageFullError& e) {
+      msg = e.what();
+      break;
+    }
+  }
+  ASSERT_FALSE(msg.empty()) << "never full";
+  EXPECT_GT(stored, 10);
+  EXPECT_NE(msg.find(path_), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_db_bytes=262144"), std::string::npos) << msg;
+  EXPECT_EQ(q.counts().queued, stored);  // the refused transaction left nothing behind
+  // Results are refused the same way, each transaction whole: a refused complete leaves the
+  // request running with no result, for its worker to retry.
+  std::optional<RequestId> refused;
+  int completed = 0;
+  for (int i = 0; i < stored && !refused; ++i) {
+    std::vector<LeasedRequest> l;
+    try {
+      l = q.lease("w", 1);
+    } catch (const StorageFullError&) {
+      break;
+    }
+    ASSERT_EQ(l.size(), 1u);
+    try {
+      q.complete(l[0].id, "w", Result{200, std::string(4000, 'r'), ""});
+      ++completed;
+    } catch (const StorageFullError&) {
+      refused = l[0].id;
+      EXPECT_EQ(q.get(l[0].id)->state, RequestState::running);
+      EXPECT_FALSE(q.get(l[0].id)->result.has_value());
+    }
+  }
+  ASSERT_TRUE(refused.has_value()) << "4 KB results never filled the queue";
+  EXPECT_EQ(sql_scalar(path_, "PRAGMA integrity_check"), "ok");
+  // With room again (a larger cap, as after freeing disk) the same worker finishes it.
+  Queue roomy = Queue::open(path_, QueueOptions{.max_db_bytes = 4 << 20});
+  roomy.complete(*refused, "w", Result{200, std::string(4000, 'r'), ""});
+  EXPECT_EQ(roomy.counts().done, completed + 1);
+  EXPECT_EQ(roomy.counts().queued, stored - completed - 1);
+}
+
+TEST_F(QueueTest, AWriteLockHeldTooLongIsAClearError) {
+  Queue q = Queue::open(path_, QueueOptions{.busy_timeout_ms = 100});
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::string msg = message_of<corelm::IOError>([&] { q.enqueue("m", "{}"); });
+  EXPECT_NE(msg.find("busy_timeout_ms=100"), std::string::npos) << msg;
+  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(other);
+  q.enqueue("m", "{}");
+  EXPECT_EQ(q.counts().queued, 1);
+}
+
 TEST_F(QueueTest, CancelBatchCancelsQueuedOnly) {
   Queue q = Queue::open(path_);
   std::vector<RequestId> ids;
