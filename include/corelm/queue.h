@@ -62,11 +62,16 @@ struct Result {
   std::string error;  // empty on success
 };
 
+// The endpoint a queued body is for ("/v1/completions" or "/v1/chat/completions"); part of the
+// content hash, so the same body sent to two endpoints is two requests.
+inline constexpr const char* kDefaultEndpoint = "/v1/completions";
+
 struct NewRequest {
   std::string model;
   std::string body;  // JSON text
   std::optional<std::string> batch_id = std::nullopt;
   std::optional<std::string> custom_id = std::nullopt;  // unique within its batch
+  std::string endpoint = kDefaultEndpoint;
 };
 
 struct LeasedRequest {
@@ -76,6 +81,7 @@ struct LeasedRequest {
   std::optional<std::string> batch_id;
   std::optional<std::string> custom_id;
   int64_t attempts = 0;  // including this lease
+  std::string endpoint = kDefaultEndpoint;
 };
 
 struct RequestInfo {
@@ -114,7 +120,8 @@ class Queue {
   // ValueError: empty model, body not JSON, duplicate custom_id in the batch.
   RequestId enqueue(const std::string& model, const std::string& body_json,
                     const std::optional<std::string>& batch_id = std::nullopt,
-                    const std::optional<std::string>& custom_id = std::nullopt);
+                    const std::optional<std::string>& custom_id = std::nullopt,
+                    const std::string& endpoint = kDefaultEndpoint);
   // All or nothing, in one transaction (QueueFullError when they do not all fit).
   std::vector<RequestId> enqueue_many(const std::vector<NewRequest>& requests);
 

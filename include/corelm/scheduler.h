@@ -60,6 +60,12 @@ struct SequenceRequest {
   std::vector<TokenId> eos_ids;   // more EOS ids (the tokenizer's and config's are always in)
   int top_logprobs = -1;          // -1: no logprobs; 0..20: chosen token's logprob + that many alternatives
   std::shared_ptr<const Grammar> grammar;  // null: unconstrained
+  // Admission order: a waiting request of higher priority takes the next free slot first (FIFO
+  // within one priority). The server submits interactive HTTP requests at kInteractive and work
+  // pulled from the persistent queue at kQueued, so batch work never delays an interactive one
+  // by more than the sequences already running.
+  int priority = 0;
+  static constexpr int kInteractive = 1, kQueued = 0;
 };
 
 struct TokenLogprob {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "corelm/model.h"
+#include "corelm/queue.h"
 
 namespace corelm::serve {
 
@@ -31,6 +32,21 @@ struct ServeOptions {
   double keep_alive_timeout_s = 5;  // idle keep-alive connections are closed after this
   int64_t keep_alive_max = 100;     // requests per keep-alive connection
   model::Precision precision = model::Precision::BF16;
+
+  // Persistent queue (issue 16). Empty state_dir: no queue; /v1/files, /v1/batches and
+  // /v1/generate answer 404 with a message naming --state-dir. Several servers may share one
+  // state dir (one SQLite file, queue::queue_path(state_dir)); each pulls work as it has slots.
+  std::string state_dir;
+  double lease_seconds = 300;       // --lease-seconds: a hung worker's requests go back after this
+  int64_t max_attempts = 3;         // --max-attempts: leases of one request before its error result
+  // --batch-share: while interactive requests are running or waiting, queued work holds at most
+  // this fraction of a model's slots (at least 1); with no interactive traffic it may use all.
+  double batch_share = 0.5;
+  int64_t max_queued = 1'000'000;   // --max-queued: queued + running rows; beyond it 429
+  int64_t max_file_bytes = 200 << 20;  // --max-file-bytes: largest /v1/files upload (413 beyond)
+  int64_t max_state_bytes = 0;      // --max-state-bytes: cap on the queue file (0: none); beyond it 507
+  queue::Sync queue_sync = queue::Sync::full;  // --queue-sync full|normal
+  std::string worker_id;            // empty: "<host>:<pid>:<random>"
   void validate() const;            // ValueError naming the option
 };
 

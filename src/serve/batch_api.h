@@ -1,0 +1,47 @@
+// The OpenAI Files and Batches API over the persistent queue: /v1/files (multipart upload with
+// purpose=batch, metadata, content, delete, list) and /v1/batches (create, retrieve, list,
+// cancel). Creating a batch validates the input file line by line ({custom_id, method, url,
+// body}; errors.data[{code, line, message, param}]) and enqueues one queue row per line in one
+// transaction; the queue workers of every server sharing the state dir run them; a monitor
+// thread moves batches validating -> in_progress -> finalizing -> completed (or failed,
+// cancelling -> cancelled, expired) and the output / error files are rendered from the results
+// table when read (nothing is copied). See docs/SERVING.md, "Files and Batches API".
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "corelm/queue.h"
+#include "request.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace corelm::serve {
+
+struct BatchApiContext {
+  queue::Queue* queue = nullptr;                         // shared, thread-safe; outlives the BatchApi
+  std::function<std::vector<std::string>()> model_ids;   // the ids this server serves
+  RequestLimits limits;                                  // each line's body is checked with parse_request
+  int64_t max_file_bytes = 200 << 20;
+  double monitor_interval_s = 0.2;                       // how often the monitor thread looks at batches
+};
+
+class BatchApi {
+ public:
+  explicit BatchApi(BatchApiContext ctx);
+  ~BatchApi();  // stops the monitor
+  BatchApi(const BatchApi&) = delete;
+  BatchApi& operator=(const BatchApi&) = delete;
+  void register_routes(httplib::Server& http);
+  void start();  // the monitor thread
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace corelm::serve
