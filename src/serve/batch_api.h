@@ -9,7 +9,10 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "corelm/queue.h"
@@ -20,6 +23,24 @@ class Server;
 }
 
 namespace corelm::serve {
+
+// One invalid input line, as OpenAI reports it in a batch's errors.data[].
+struct BatchLineError {
+  std::string code;     // "invalid_json", "missing_custom_id", "duplicate_custom_id", "invalid_url", "model_not_found", ...
+  int64_t line = 0;     // 1-based
+  std::string message;
+  std::string param;    // "" -> null
+};
+
+// Validates one line of a batch input file ({custom_id, method, url, body}) and turns it into a
+// queue row (model, body text, endpoint, custom_id; batch_id left empty). `endpoint`: the
+// batch's endpoint (the line's url must equal it); "" accepts either completions endpoint (the
+// offline `corelm run batch`). Duplicate custom_ids are the caller's check (it sees every line).
+// Shared by the Batches API and `corelm run batch`, fuzzed by fuzz/batch_line_fuzz.cc.
+std::variant<queue::NewRequest, BatchLineError> parse_batch_line(std::string_view line, int64_t line_no,
+                                                                 const std::string& endpoint,
+                                                                 const std::vector<std::string>& model_ids,
+                                                                 const RequestLimits& limits);
 
 struct BatchApiContext {
   queue::Queue* queue = nullptr;                         // shared, thread-safe; outlives the BatchApi
