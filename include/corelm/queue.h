@@ -217,7 +217,7 @@ class Queue {
   // Removes the file; false when unknown. Deleting the last remaining output / error file of a
   // batch also deletes that batch's requests and results (the stored work is then gone).
   bool delete_file(const std::string& id);
-  // Newest first; `after`: a file id, list those older than it (OpenAI's cursor); limit 1..10000.
+  // Newest first; `after`: a file id, list those older than it (OpenAI's cursor); limit 1..100000.
   std::vector<FileInfo> list_files(const std::optional<std::string>& after = std::nullopt, int64_t limit = 10000) const;
 
   // ---- Batches ----
@@ -227,7 +227,7 @@ class Queue {
   BatchInfo create_batch(const std::string& input_file_id, const std::string& endpoint,
                          const std::string& completion_window, const std::string& metadata_json = "");
   std::optional<BatchInfo> get_batch(const std::string& id) const;
-  // Newest first, `after` as list_files; limit 1..100.
+  // Newest first, `after` as list_files; limit 1..1000.
   std::vector<BatchInfo> list_batches(const std::optional<std::string>& after = std::nullopt, int64_t limit = 20) const;
   // Enqueues every request (batch_id set to the batch) and moves validating -> in_progress, in
   // one transaction. false (nothing enqueued) when the batch is no longer validating: another

@@ -1004,7 +1004,7 @@ bool Queue::delete_file(const std::string& id) {
 }
 
 std::vector<FileInfo> Queue::list_files(const std::optional<std::string>& after, int64_t limit) const {
-  if (limit < 1 || limit > 10000) throw ValueError("queue: list_files: limit must be in 1..10000, got " + std::to_string(limit));
+  if (limit < 1 || limit > 100000) throw ValueError("queue: list_files: limit must be in 1..100000, got " + std::to_string(limit));
   std::lock_guard lk(impl_->mu);
   Impl& q = *impl_;
   sqlite3_stmt* st = after
@@ -1093,7 +1093,7 @@ std::optional<BatchInfo> Queue::get_batch(const std::string& id) const {
 }
 
 std::vector<BatchInfo> Queue::list_batches(const std::optional<std::string>& after, int64_t limit) const {
-  if (limit < 1 || limit > 100) throw ValueError("queue: list_batches: limit must be in 1..100, got " + std::to_string(limit));
+  if (limit < 1 || limit > 1000) throw ValueError("queue: list_batches: limit must be in 1..1000, got " + std::to_string(limit));
   std::lock_guard lk(impl_->mu);
   Impl& q = *impl_;
   sqlite3_stmt* st = after
