@@ -503,8 +503,9 @@ int64_t Queue::schema_version() const {
 const std::string& Queue::path() const { return impl_->path; }
 
 RequestId Queue::enqueue(const std::string& model, const std::string& body_json,
-                         const std::optional<std::string>& batch_id, const std::optional<std::string>& custom_id) {
-  return enqueue_many({NewRequest{model, body_json, batch_id, custom_id}}).front();
+                         const std::optional<std::string>& batch_id, const std::optional<std::string>& custom_id,
+                         const std::string& endpoint) {
+  return enqueue_many({NewRequest{model, body_json, batch_id, custom_id, endpoint}}).front();
 }
 
 std::vector<RequestId> Queue::enqueue_many(const std::vector<NewRequest>& requests) {
