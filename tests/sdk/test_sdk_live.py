@@ -122,6 +122,8 @@ class Checks:
     def check_generate_order(self):
         prompts = prompts_for(200, 1)
         want = greedy_reference(self.client, self.model, prompts, 6)
+        # Distinct prompts give many distinct texts, so a reordering cannot go unnoticed.
+        assert len(set(want)) > 50, "the reference texts are too alike: %r" % sorted(set(want))[:5]
         got = self.client.generate(prompts, model=self.model, max_tokens=6, temperature=0)
         assert len(got) == 200
         bad = [i for i in range(200) if got[i] != want[i]]
