@@ -151,7 +151,10 @@ class Client:
                     time.sleep(_retry_after(e.headers, attempt, self.max_retry_wait))
                     attempt += 1
                     continue
-                raise self._http_error(e.code, raw, method, path) from None
+                err = self._http_error(e.code, raw, method, path)
+                if e.code in (429, 503):
+                    err.retry_after = _retry_after(e.headers, attempt, self.max_retry_wait)
+                raise err from None
             except urllib.error.URLError as e:
                 raise CorelmConnectionError(self.base_url, self._reason(e.reason)) from None
             except (socket.timeout, TimeoutError):
@@ -200,7 +203,7 @@ class Client:
         return self._request("GET", "/v1/models").get("data", [])
 
     # -- queue-native generation -------------------------------------------------------------
-    def submit(self, prompts, model=None, **sampling):
+    def submit(self, prompts, model=None, _retry=True, **sampling):
         """POST /v1/generate: queues the prompts, returns their request ids in prompt order.
 
         `sampling` is any completions parameter (max_tokens, temperature, top_p, seed, stop, ...).
@@ -208,7 +211,7 @@ class Client:
         prompts = _as_prompts(prompts)
         body = _drop_none(dict(sampling, model=model))
         body["prompts"] = prompts
-        ids = self._request("POST", "/v1/generate", body).get("request_ids")
+        ids = self._request("POST", "/v1/generate", body, retry=_retry).get("request_ids")
         if not isinstance(ids, list) or len(ids) != len(prompts):
             raise CorelmError(None, "bad_response", "POST /v1/generate answered %r request ids for %d prompts"
                               % (None if ids is None else len(ids), len(prompts)))
@@ -241,12 +244,34 @@ class Client:
         inflight = {}  # request id -> prompt index, oldest first
         next_i = 0
         idle_wait = 0.05
+        # A 429 (the server's --max-queued reached) shrinks the chunk and the window to what the
+        # server holds: with work of ours in flight, polling it drains the queue; with none,
+        # it is another client's work, waited out up to max_retries times.
+        chunk, window, full_waits = self.submit_chunk, self.max_in_flight, 0
         while next_i < len(prompts) or inflight:
-            while next_i < len(prompts) and len(inflight) < self.max_in_flight:
-                k = min(self.submit_chunk, self.max_in_flight - len(inflight), len(prompts) - next_i)
-                for j, rid in enumerate(self.submit(prompts[next_i:next_i + k], model, **params)):
+            while next_i < len(prompts) and len(inflight) < window:
+                k = min(chunk, window - len(inflight), len(prompts) - next_i)
+                try:
+                    ids = self.submit(prompts[next_i:next_i + k], model, _retry=False, **params)
+                except CorelmError as e:
+                    if e.status not in (429, 503):
+                        raise
+                    chunk = max(1, k // 2)
+                    if inflight:
+                        window = max(1, len(inflight))
+                        break
+                    if full_waits >= self.max_retries:
+                        raise
+                    full_waits += 1
+                    time.sleep(e.retry_after if e.retry_after is not None else 0.5 * 2 ** full_waits)
+                    continue
+                full_waits = 0
+                window = min(self.max_in_flight, window + k)
+                for j, rid in enumerate(ids):
                     inflight[rid] = next_i + j
                 next_i += k
+            if not inflight:
+                continue
             asked = list(inflight)[:self.poll_chunk]
             started = time.monotonic()
             progressed = False

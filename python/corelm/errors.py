@@ -19,6 +19,8 @@ class CorelmError(RuntimeError):
         self.type = type
         self.param = param
         self.index = index
+        self.retry_after = None  # seconds to wait, for a 429 / 503 answer
+        self.body = None         # the parsed error body, when it was JSON
         head = "HTTP %s" % status if status is not None else "corelm"
         if code:
             head += " " + str(code)

@@ -44,6 +44,8 @@ class Fake:
         self.batch_polls = 2        # GET /v1/batches/{id} answers in_progress this many times
         self.max_prompts = None     # /v1/generate rejects more prompts than this (400)
         self.health = (200, "ok")
+        self.max_queued = None      # /v1/generate answers 429 beyond this many unfinished requests
+        self.events = []            # ("submit", n accepted) / ("done", 1), in order
 
     def completion(self, prompt, params):
         text = params.get("_echo_prefix", "") + "<" + prompt + ">"
@@ -103,12 +105,19 @@ def make_handler(fake):
                     return self._error(400, "too many prompts", None, param="prompts")
                 ids = []
                 with fake.lock:
+                    pending = sum(1 for r in fake.results.values() if not r.get("done"))
+                    full = fake.max_queued is not None and pending + len(prompts) > fake.max_queued
+                if full:
+                    return self._error(429, "queue full", "queue_full", "rate_limit_error",
+                                       headers=[("Retry-After", "0")])
+                with fake.lock:
                     for pr in prompts:
                         rid = "req-%d" % fake.next_id
                         fake.next_id += 1
                         fake.results[rid] = {"prompt": pr, "params": {k: v for k, v in j.items() if k != "prompts"},
                                              "polls": 0}
                         ids.append(rid)
+                    fake.events.append(("submit", len(ids)))
                 return self._send(200, {"object": "list", "request_ids": ids})
             if method == "POST" and p == "/v1/generate/get_results":
                 out = []
@@ -126,6 +135,9 @@ def make_handler(fake):
                             out.append({"request_id": rid, "status": "failed", "response": None,
                                         "error": {"message": "generation failed", "code": "server_error"}})
                         else:
+                            if not r.get("done"):
+                                fake.events.append(("done", 1))
+                            r["done"] = True
                             out.append({"request_id": rid, "status": "done",
                                         "response": fake.completion(r["prompt"], r["params"]), "error": None})
                 return self._send(200, {"object": "list", "results": out})
@@ -289,21 +301,25 @@ class FakeServerTest(unittest.TestCase):
         self.assertLessEqual(max(self._window_estimate()), 20)
 
     def _window_estimate(self):
-        # Replays the exchange: ids submitted minus ids already reported done.
-        done, submitted, peaks = set(), set(), []
-        polls = {}
-        for m, p, _, b in self.fake.requests:
-            if p == "/v1/generate":
-                n = len(json.loads(b)["prompts"])
-                for _ in range(n):
-                    submitted.add(len(submitted))
-                peaks.append(len(submitted) - len(done))
-            elif p == "/v1/generate/get_results":
-                for rid in json.loads(b)["request_ids"]:
-                    polls[rid] = polls.get(rid, 0) + 1
-                    if polls[rid] > self.fake.queued_polls:
-                        done.add(rid)
+        """Unfinished requests after each accepted submit: ids accepted minus ids reported done."""
+        unfinished, peaks = 0, []
+        for kind, n in self.fake.events:
+            unfinished += n if kind == "submit" else -n
+            if kind == "submit":
+                peaks.append(unfinished)
         return peaks
+
+    def test_generate_adapts_to_a_small_server_queue(self):
+        # The server holds 10 unfinished requests; chunks of 256 must shrink, not fail.
+        self.fake.max_queued = 10
+        c = corelm.Client(self.url, api_key=KEY, max_retries=3)
+        self.assertEqual(c.generate(["p%d" % i for i in range(53)]), ["<p%d>" % i for i in range(53)])
+        self.assertLessEqual(max(self._window_estimate()), 10)
+        # Full with someone else's work: bounded waits, then the 429.
+        self.fake.max_queued = 0
+        with self.assertRaises(corelm.CorelmError) as cm:
+            c.generate(["x"])
+        self.assertEqual(cm.exception.status, 429)
 
     def test_generate_single_string_and_n(self):
         self.assertEqual(self.client.generate("hi"), ["<hi>"])

@@ -8,7 +8,7 @@ Starts `BIN serve --model DIR --state-dir TMP --api-key secret --port 0` (the mo
 name), waits for /health, runs the checks below, kills the server and prints one PASS/FAIL line
 per check and a summary; exits 0 only when every check passed. The reference texts are greedy
 /v1/completions answers of the same server, so the queue and batch paths must give exactly them.
-Checks: health_models generate_order batch_path classify errors cli docs_examples.
+Checks: health_models generate_order batch_path small_queue classify errors cli docs_examples.
 """
 import argparse
 import json
@@ -41,10 +41,10 @@ def die_with_parent():
 
 
 class Server:
-    def __init__(self, binary, model, state_dir):
+    def __init__(self, binary, model, state_dir, extra=()):
         self.lines = []
         cmd = [binary, "serve", "--model", model, "--state-dir", state_dir, "--host", "127.0.0.1", "--port", "0",
-               "--api-key", API_KEY]
+               "--api-key", API_KEY] + list(extra)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      preexec_fn=die_with_parent)
         self.url = None
@@ -107,7 +107,9 @@ def prompts_for(n, salt):
 
 
 class Checks:
-    def __init__(self, server, model, docs, python_path):
+    def __init__(self, server, model, docs, python_path, binary, model_dir):
+        self.binary = binary
+        self.model_dir = model_dir
         self.url = server.url
         self.model = model
         self.docs = docs
@@ -149,6 +151,24 @@ class Checks:
         new = [b for b in self.client.list_batches() if b["id"] not in before]
         assert len(new) == 1 and new[0]["status"] == "completed", new
         assert new[0]["request_counts"]["total"] == 60, new[0]
+
+    def check_small_queue(self):
+        """A server whose queue holds 30 requests: generate's chunks of 256 get 429 and shrink."""
+        prompts = prompts_for(120, 5)
+        want = greedy_reference(self.client, self.model, prompts, 4)
+        state = tempfile.mkdtemp(prefix="corelm_sdk_small_")
+        small = Server(self.binary, self.model_dir, state, ["--max-queued", "30"])
+        try:
+            c = corelm.Client(small.url, api_key=API_KEY, timeout=30)
+            assert c.generate(prompts, model=self.model, max_tokens=4, temperature=0) == want
+            try:
+                corelm.Client(small.url, api_key=API_KEY, max_retries=0).submit(prompts[:31], model=self.model)
+                raise AssertionError("31 prompts fit a queue of 30")
+            except corelm.CorelmError as e:
+                assert (e.status, e.code) == (429, "queue_full"), e
+        finally:
+            small.stop()
+            subprocess.run(["rm", "-rf", state])
 
     def check_classify(self):
         labels = ["yes", "no"]
@@ -257,7 +277,7 @@ def main():
     signal.signal(signal.SIGALRM, alarm)
     signal.alarm(int(a.timeout))
     python_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
-    names = ["health_models", "generate_order", "batch_path", "classify", "errors", "cli", "docs_examples"]
+    names = ["health_models", "generate_order", "batch_path", "small_queue", "classify", "errors", "cli", "docs_examples"]
     if a.only:
         names = [n for n in names if n in a.only.split(",")]
     failed = []
@@ -265,7 +285,8 @@ def main():
     server = None
     try:
         server = Server(a.corelm, a.model, state)
-        checks = Checks(server, os.path.basename(os.path.normpath(a.model)), a.docs, os.path.abspath(python_path))
+        checks = Checks(server, os.path.basename(os.path.normpath(a.model)), a.docs, os.path.abspath(python_path),
+                        a.corelm, a.model)
         for n in names:
             t0 = time.time()
             try:
