@@ -283,7 +283,7 @@ class Client:
                 status = r.get("status")
                 if r.get("error") or status in ("failed", "cancelled"):
                     err = r.get("error") or {}
-                    raise CorelmError(None, err.get("code") or status,
+                    raise CorelmError(err.get("status_code"), err.get("code") or status,
                                       "prompt %d (request %s) %s: %s" % (idx, rid, status or "failed",
                                                                         err.get("message") or "no message"),
                                       index=idx)
@@ -353,11 +353,11 @@ class Client:
         err = row.get("error") or {}
         resp = row.get("response") or {}
         body_err = (resp.get("body") or {}).get("error") if isinstance(resp.get("body"), dict) else None
-        if isinstance(body_err, dict):
-            err = body_err
-        raise CorelmError(resp.get("status_code"), err.get("code"),
+        body_err = body_err if isinstance(body_err, dict) else {}
+        raise CorelmError(resp.get("status_code"), body_err.get("code") or err.get("code"),
                           "prompt %d (batch %s, %s): %s" % (idx, batch_id, row.get("custom_id"),
-                                                           err.get("message") or "failed"), index=idx)
+                                                           body_err.get("message") or err.get("message") or "failed"),
+                          index=idx, type=body_err.get("type"), param=body_err.get("param"))
 
     # -- other endpoints -----------------------------------------------------------------------
     def classify(self, texts, labels, model=None):

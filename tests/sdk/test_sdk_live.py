@@ -151,6 +151,15 @@ class Checks:
         new = [b for b in self.client.list_batches() if b["id"] not in before]
         assert len(new) == 1 and new[0]["status"] == "completed", new
         assert new[0]["request_counts"]["total"] == 60, new[0]
+        # A chat batch through create_batch / wait_batch / file_content.
+        lines = [{"custom_id": "chat-%d" % i, "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"model": self.model, "messages": [{"role": "user", "content": p}], "max_tokens": 3}}
+                 for i, p in enumerate(prompts[:4])]
+        b = self.client.wait_batch(self.client.create_batch(lines, endpoint="/v1/chat/completions")["id"], timeout=30)
+        assert b["status"] == "completed" and b["request_counts"]["completed"] == 4, b
+        rows = [json.loads(l) for l in self.client.file_content(b["output_file_id"]).splitlines() if l.strip()]
+        assert sorted(r["custom_id"] for r in rows) == ["chat-%d" % i for i in range(4)], rows
+        assert all(r["response"]["body"]["object"] == "chat.completion" for r in rows), rows[0]
 
     def check_small_queue(self):
         """A server whose queue holds 30 requests: generate's chunks of 256 get 429 and shrink."""
@@ -187,6 +196,19 @@ class Checks:
                 assert e.code in ("model_not_found", "invalid_api_key"), e
                 continue
             raise AssertionError("no error raised")
+        # A prompt too long for the context fails alone; both paths name its index.
+        long = "the cat sat " * 400
+        for c in (self.client, corelm.Client(self.url, api_key=API_KEY, batch_threshold=2)):
+            try:
+                c.generate(["a dog", long, "the mat"], model=self.model, max_tokens=2)
+                raise AssertionError("no error for a prompt beyond the context")
+            except corelm.CorelmError as e:
+                assert (e.status, e.code, e.index) == (400, "context_length_exceeded", 1), e
+        # A batch whose input has a bad line fails validation with OpenAI's errors.data.
+        b = self.client.create_batch([{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}])
+        b = self.client.wait_batch(b["id"], timeout=30)
+        assert b["status"] == "failed", b
+        assert b["errors"]["data"][0]["code"] == "invalid_url" and b["errors"]["data"][0]["line"] == 1, b
         try:
             self.client.get_batch("batch_does_not_exist")
             raise AssertionError("no error for an unknown batch")
