@@ -464,10 +464,14 @@ class Client:
         return self._request("POST", "/v1/batches/%s/cancel" % urllib.parse.quote(batch_id, safe=""))
 
     def wait_batch(self, batch_id, timeout=None, poll_interval=0.2, max_interval=5.0):
-        """Polls GET /v1/batches/{id} until it is completed, failed, cancelled or expired."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        interval = poll_interval
+        """Polls GET /v1/batches/{id} until it is completed, failed, cancelled or expired.
+
+        The wait between polls grows with the time waited (a tenth of it, from `poll_interval`
+        up to `max_interval`), so the end of a batch is noticed within ~10% of its run time."""
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
         while True:
+            interval = min(max_interval, max(poll_interval, 0.1 * (time.monotonic() - start)))
             batch = self.get_batch(batch_id)
             if batch.get("status") in BATCH_TERMINAL_STATES:
                 return batch
@@ -475,7 +479,6 @@ class Client:
                 raise CorelmError(None, "timeout", "batch %s still %s after %.0f s (request_counts %s)"
                                   % (batch_id, batch.get("status"), timeout, json.dumps(batch.get("request_counts"))))
             time.sleep(interval)
-            interval = min(interval * 1.5, max_interval)
 
     def download(self, batch_id, path, errors_path=None):
         """Writes the batch's output file to `path` (atomically: a temporary file renamed into
