@@ -249,6 +249,7 @@ class Checks:
             assert bid, "no batch id printed"
             st = json.loads(self.cli("batch", "status", bid, "--json"))
             assert st["id"] == bid and st["endpoint"] == "/v1/completions", st
+            assert bid in [b["id"] for b in json.loads(self.cli("--json", "batch", "list"))]
             self.client.wait_batch(bid, timeout=60)
             out_path = os.path.join(d, "out.jsonl")
             self.cli("batch", "download", bid, out_path)
