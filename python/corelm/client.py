@@ -88,11 +88,15 @@ class Client:
     submit_chunk: prompts per POST /v1/generate; poll_chunk: request ids per get_results call.
     poll_timeout: the long-poll wait generate() asks of get_results (the server caps it at 60 s).
     batch_size: lines per batch when generate() splits a big list into several batches.
+    reconnect_timeout: how long generate() and wait_batch() keep trying a server that is gone
+      (restarting after a crash: the queue keeps their requests) before they raise. Polls retry
+      any connection error; a submit only a refused connection (the request never arrived, so
+      it cannot have been queued twice). Single calls never wait for a server.
     """
 
     def __init__(self, base_url="http://127.0.0.1:8080", api_key=None, timeout=60.0, max_retries=5,
                  max_retry_wait=30.0, batch_threshold=10000, max_in_flight=4096, submit_chunk=256,
-                 poll_chunk=1024, poll_timeout=20.0, batch_size=50000):
+                 poll_chunk=1024, poll_timeout=20.0, batch_size=50000, reconnect_timeout=120.0):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError("base_url must start with http:// or https://, got %r" % (base_url,))
         base = base_url.rstrip("/")
@@ -109,6 +113,7 @@ class Client:
         self.poll_chunk = max(1, int(poll_chunk))
         self.poll_timeout = float(poll_timeout)
         self.batch_size = max(1, int(batch_size))
+        self.reconnect_timeout = float(reconnect_timeout)
         host = urllib.parse.urlsplit(base).hostname or ""
         # A loopback server is never reached through an http_proxy from the environment.
         handlers = [urllib.request.ProxyHandler({})] if host in _LOOPBACK else []
@@ -119,8 +124,25 @@ class Client:
 
     # -- transport ---------------------------------------------------------------------------
     def _request(self, method, path, body=None, data=None, content_type=None, timeout=None,
-                 retry=True, stream_to=None):
-        """One exchange; JSON in and out unless `data` (raw bytes) or `stream_to` (a file) is given."""
+                 retry=True, stream_to=None, reconnect=None):
+        """One exchange; JSON in and out unless `data` (raw bytes) or `stream_to` (a file) is given.
+
+        reconnect: None, or "refused" / "any": which connection errors are retried (0.1 s apart,
+        growing to 1 s) for up to reconnect_timeout seconds."""
+        gone_since = None
+        while True:
+            try:
+                return self._exchange(method, path, body, data, content_type, timeout, retry, stream_to)
+            except CorelmConnectionError as e:
+                if reconnect is None or (reconnect == "refused" and not e.refused):
+                    raise
+                now = time.monotonic()
+                gone_since = gone_since if gone_since is not None else now
+                if now - gone_since >= self.reconnect_timeout:
+                    raise
+                time.sleep(min(1.0, 0.1 * 2 ** min(4, int(now - gone_since))))
+
+    def _exchange(self, method, path, body, data, content_type, timeout, retry, stream_to):
         url = self.base_url + path
         headers = {"Accept": "application/json"}
         if self.api_key:
@@ -142,9 +164,13 @@ class Client:
                                 return None
                             stream_to.write(chunk)
                     raw = resp.read()
-                    if resp.headers.get_content_type() == "application/json":
+                    if resp.headers.get_content_type() != "application/json":
+                        return raw
+                    try:
                         return json.loads(raw.decode("utf-8")) if raw else None
-                    return raw
+                    except (ValueError, UnicodeDecodeError):
+                        raise CorelmError(resp.status, "bad_response", "%s %s answered invalid JSON: %r"
+                                          % (method, path, raw[:200])) from None
             except urllib.error.HTTPError as e:
                 raw = e.read()
                 if retry and e.code in (429, 503) and attempt < self.max_retries:
@@ -156,7 +182,9 @@ class Client:
                     err.retry_after = _retry_after(e.headers, attempt, self.max_retry_wait)
                 raise err from None
             except urllib.error.URLError as e:
-                raise CorelmConnectionError(self.base_url, self._reason(e.reason)) from None
+                err = CorelmConnectionError(self.base_url, self._reason(e.reason))
+                err.refused = isinstance(e.reason, ConnectionRefusedError)
+                raise err from None
             except (socket.timeout, TimeoutError):
                 raise CorelmConnectionError(self.base_url, "no answer to %s %s within %.0f s"
                                             % (method, path, timeout or self.timeout)) from None
@@ -203,7 +231,7 @@ class Client:
         return self._request("GET", "/v1/models").get("data", [])
 
     # -- queue-native generation -------------------------------------------------------------
-    def submit(self, prompts, model=None, _retry=True, **sampling):
+    def submit(self, prompts, model=None, _retry=True, _reconnect=None, **sampling):
         """POST /v1/generate: queues the prompts, returns their request ids in prompt order.
 
         `sampling` is any completions parameter (max_tokens, temperature, top_p, seed, stop, ...).
@@ -211,13 +239,13 @@ class Client:
         prompts = _as_prompts(prompts)
         body = _drop_none(dict(sampling, model=model))
         body["prompts"] = prompts
-        ids = self._request("POST", "/v1/generate", body, retry=_retry).get("request_ids")
+        ids = self._request("POST", "/v1/generate", body, retry=_retry, reconnect=_reconnect).get("request_ids")
         if not isinstance(ids, list) or len(ids) != len(prompts):
             raise CorelmError(None, "bad_response", "POST /v1/generate answered %r request ids for %d prompts"
                               % (None if ids is None else len(ids), len(prompts)))
         return ids
 
-    def get_results(self, request_ids, timeout=None):
+    def get_results(self, request_ids, timeout=None, _reconnect=None):
         """POST /v1/generate/get_results: one ``{"request_id", "status", "response", "error"}``
         per id, in the order asked. `timeout` (seconds, the server caps it at 60): how long the
         server may wait for unfinished requests before answering (a long-poll)."""
@@ -227,7 +255,8 @@ class Client:
         if timeout is not None:
             body["timeout"] = timeout
         wait = self.timeout + (float(timeout) if timeout else 0.0)
-        return self._request("POST", "/v1/generate/get_results", body, timeout=wait).get("results", [])
+        return self._request("POST", "/v1/generate/get_results", body, timeout=wait,
+                             reconnect=_reconnect).get("results", [])
 
     def generate(self, prompts, model=None, max_tokens=None, temperature=None, **sampling):
         """Texts for the prompts, in prompt order (a string each; a list of n strings when n > 1).
@@ -252,7 +281,7 @@ class Client:
             while next_i < len(prompts) and len(inflight) < window:
                 k = min(chunk, window - len(inflight), len(prompts) - next_i)
                 try:
-                    ids = self.submit(prompts[next_i:next_i + k], model, _retry=False, **params)
+                    ids = self.submit(prompts[next_i:next_i + k], model, _retry=False, _reconnect="refused", **params)
                 except CorelmError as e:
                     if e.status not in (429, 503):
                         raise
@@ -275,7 +304,7 @@ class Client:
             asked = list(inflight)[:self.poll_chunk]
             started = time.monotonic()
             progressed = False
-            for r in self.get_results(asked, timeout=self.poll_timeout):
+            for r in self.get_results(asked, timeout=self.poll_timeout, _reconnect="any"):
                 rid = r.get("request_id")
                 if rid not in inflight:
                     continue
@@ -321,11 +350,11 @@ class Client:
                                   "batch %s ended %s: %s" % (bid, batch.get("status"),
                                                              json.dumps(batch.get("errors"))))
             if batch.get("error_file_id"):
-                for line in self.file_content(batch["error_file_id"]).splitlines():
+                for line in self.file_content(batch["error_file_id"], _reconnect="any").splitlines():
                     if line.strip():
                         self._raise_line_error(json.loads(line), bid)
             if batch.get("output_file_id"):
-                for line in self.file_content(batch["output_file_id"]).splitlines():
+                for line in self.file_content(batch["output_file_id"], _reconnect="any").splitlines():
                     if not line.strip():
                         continue
                     row = json.loads(line)
@@ -425,9 +454,9 @@ class Client:
     def get_file(self, file_id):
         return self._request("GET", "/v1/files/" + urllib.parse.quote(file_id, safe=""))
 
-    def file_content(self, file_id):
+    def file_content(self, file_id, _reconnect=None):
         """GET /v1/files/{id}/content as text."""
-        raw = self._request("GET", "/v1/files/%s/content" % urllib.parse.quote(file_id, safe=""))
+        raw = self._request("GET", "/v1/files/%s/content" % urllib.parse.quote(file_id, safe=""), reconnect=_reconnect)
         if isinstance(raw, (dict, list)):  # a server that labels JSONL as JSON
             return json.dumps(raw)
         return raw.decode("utf-8") if raw is not None else ""
@@ -472,7 +501,7 @@ class Client:
         deadline = None if timeout is None else start + timeout
         while True:
             interval = min(max_interval, max(poll_interval, 0.1 * (time.monotonic() - start)))
-            batch = self.get_batch(batch_id)
+            batch = self._request("GET", "/v1/batches/" + urllib.parse.quote(batch_id, safe=""), reconnect="any")
             if batch.get("status") in BATCH_TERMINAL_STATES:
                 return batch
             if deadline is not None and time.monotonic() + interval > deadline:

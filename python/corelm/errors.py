@@ -35,6 +35,7 @@ class CorelmConnectionError(CorelmError):
                          "cannot reach the corelm server at %s: %s (is `corelm serve` running there?)"
                          % (base_url, reason))
         self.base_url = base_url
+        self.refused = False  # the connection was refused: the request never reached a server
 
 
 class CorelmNotImplemented(CorelmError, NotImplementedError):

@@ -282,6 +282,23 @@ class FakeServerTest(unittest.TestCase):
         self.assertIn("connection refused", str(cm.exception))
         self.assertIsNone(cm.exception.status)
 
+    def test_generate_waits_for_a_gone_server_bounded(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        c = corelm.Client("http://127.0.0.1:%d" % port, reconnect_timeout=0.4)
+        t0 = time.monotonic()
+        with self.assertRaises(corelm.CorelmConnectionError) as cm:
+            c.generate(["a"])
+        self.assertTrue(cm.exception.refused)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.4)
+        self.assertLess(time.monotonic() - t0, 5)
+        t0 = time.monotonic()
+        with self.assertRaises(corelm.CorelmConnectionError):
+            c.list_models()  # a single call does not wait
+        self.assertLess(time.monotonic() - t0, 0.3)
+
     # -- generate ------------------------------------------------------------------------------
     def test_generate_in_order_with_params_chunks_and_window(self):
         c = corelm.Client(self.url, api_key=KEY, submit_chunk=7, max_in_flight=20, poll_chunk=5)

@@ -4,10 +4,11 @@
 //    the batch path, error mapping, the CLI's output and exit codes);
 //  - SdkInstall.PipInstallIntoVenvOffline: `pip install --no-build-isolation --no-deps --no-index`
 //    of a copy of python/ into a fresh venv (no network), then its corelm-client console script;
-//  - SdkLive.AgainstLiveServer: tests/sdk/test_sdk_live.py against the real `corelm serve
-//    --state-dir` (generate of 200 prompts in order equal to greedy /v1/completions, the
-//    Files/Batches path above a threshold of 50, classify, 404s, corelm-client commands, and the
-//    ```python examples of docs/SERVING.md's "Python SDK" section).
+//  - SdkLive.*: tests/sdk/test_sdk_live.py against the real `corelm serve --state-dir`
+//    (generate of 200 prompts in order equal to greedy /v1/completions, the Files/Batches path
+//    above a threshold of 50, classify, 404s, the ```python examples of docs/SERVING.md's
+//    "Python SDK" section; a server with --max-queued 30, kill -9 + restart during generate(),
+//    the corelm-client commands).
 // The client is stdlib-only, so any python3 on PATH runs it; the venv test needs a python3 with
 // venv, pip, setuptools and wheel (Debian: python3-venv, python3-pip).
 #include <gtest/gtest.h>
@@ -117,7 +118,8 @@ TEST(SdkInstall, PipInstallIntoVenvOffline) {
   EXPECT_NE(down.err.find("http://127.0.0.1:9"), std::string::npos) << down.err;
 }
 
-TEST(SdkLive, AgainstLiveServer) {
+// Runs test_sdk_live.py's checks `only` against a server on a fresh random model named "tiny".
+void run_live_checks(const std::string& only) {
   if (!corelm::testing::have_program("python3")) GTEST_SKIP() << "python3 is not installed";
   const auto help = corelm::testing::run_corelm({"serve", "--help"}, CliOptions{30});
   ASSERT_EQ(help.rc, 0) << help.err;
@@ -130,12 +132,22 @@ TEST(SdkLive, AgainstLiveServer) {
   o.env = {"PYTHONPATH=" + kSrc + "/python", "PYTHONDONTWRITEBYTECODE=1"};
   const auto r = run_program("python3",
                              {kSrc + "/tests/sdk/test_sdk_live.py", "--corelm", corelm::testing::corelm_path(), "--model",
-                              model.string(), "--docs", kSrc + "/docs/SERVING.md", "--timeout", "90"},
+                              model.string(), "--docs", kSrc + "/docs/SERVING.md", "--timeout", "90", "--only", only},
                              o);
   print(r);
   EXPECT_FALSE(r.timed_out) << "the live SDK checks ran past 110 s";
   EXPECT_EQ(r.rc, 0) << "some live SDK checks failed (FAIL lines above)";
   EXPECT_NE(r.out.find("SUMMARY OK"), std::string::npos);
 }
+
+// 200 prompts in order equal to greedy /v1/completions, the batch path, classify, errors, the
+// docs' examples.
+TEST(SdkLive, GenerateBatchesClassifyErrorsDocs) {
+  run_live_checks("health_models,generate_order,batch_path,classify,errors,docs_examples");
+}
+
+// A server whose queue holds 30 requests, kill -9 and restart while generate() runs, and the
+// corelm-client commands.
+TEST(SdkLive, SmallQueueRestartAndCli) { run_live_checks("small_queue,restart,cli"); }
 
 }  // namespace

@@ -8,7 +8,7 @@ Starts `BIN serve --model DIR --state-dir TMP --api-key secret --port 0` (the mo
 name), waits for /health, runs the checks below, kills the server and prints one PASS/FAIL line
 per check and a summary; exits 0 only when every check passed. The reference texts are greedy
 /v1/completions answers of the same server, so the queue and batch paths must give exactly them.
-Checks: health_models generate_order batch_path small_queue classify errors cli docs_examples.
+Checks: health_models generate_order batch_path small_queue restart classify errors cli docs_examples.
 """
 import argparse
 import json
@@ -41,9 +41,9 @@ def die_with_parent():
 
 
 class Server:
-    def __init__(self, binary, model, state_dir, extra=()):
+    def __init__(self, binary, model, state_dir, extra=(), port=0):
         self.lines = []
-        cmd = [binary, "serve", "--model", model, "--state-dir", state_dir, "--host", "127.0.0.1", "--port", "0",
+        cmd = [binary, "serve", "--model", model, "--state-dir", state_dir, "--host", "127.0.0.1", "--port", str(port),
                "--api-key", API_KEY] + list(extra)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      preexec_fn=die_with_parent)
@@ -179,6 +179,43 @@ class Checks:
             small.stop()
             subprocess.run(["rm", "-rf", state])
 
+    def check_restart(self):
+        """kill -9 of the server while generate() runs, then a restart on the same port and state
+        dir: generate() rides it out and returns every text, equal to an uninterrupted run."""
+        prompts = prompts_for(400, 6)
+        want = greedy_reference(self.client, self.model, prompts, 24)
+        state = tempfile.mkdtemp(prefix="corelm_sdk_restart_")
+        srv = Server(self.binary, self.model_dir, state)
+        port = int(srv.url.rsplit(":", 1)[1])
+        out = {}
+        c = corelm.Client(srv.url, api_key=API_KEY, timeout=30, reconnect_timeout=30, submit_chunk=50)
+
+        def run():
+            try:
+                out["texts"] = c.generate(prompts, model=self.model, max_tokens=24, temperature=0)
+            except Exception as e:  # reported below
+                out["error"] = e
+
+        t = threading.Thread(target=run, daemon=True)
+        try:
+            t.start()
+            time.sleep(0.3)
+            alive_at_kill = t.is_alive()
+            srv.proc.kill()
+            srv.proc.wait(10)
+            time.sleep(0.3)
+            srv = Server(self.binary, self.model_dir, state, port=port)
+            t.join(60)
+            assert not t.is_alive(), "generate() did not finish after the restart"
+            assert "error" not in out, repr(out.get("error"))
+            assert alive_at_kill, "generate() had finished before the kill (make the work longer)"
+            got = out["texts"]
+            bad = [i for i in range(len(prompts)) if got[i] != want[i]]
+            assert not bad, "prompt %d: %r != %r (%d differ)" % (bad[0], got[bad[0]], want[bad[0]], len(bad))
+        finally:
+            srv.stop()
+            subprocess.run(["rm", "-rf", state])
+
     def check_classify(self):
         labels = ["yes", "no"]
         texts = prompts_for(10, 3)
@@ -300,7 +337,7 @@ def main():
     signal.signal(signal.SIGALRM, alarm)
     signal.alarm(int(a.timeout))
     python_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
-    names = ["health_models", "generate_order", "batch_path", "small_queue", "classify", "errors", "cli", "docs_examples"]
+    names = ["health_models", "generate_order", "batch_path", "small_queue", "restart", "classify", "errors", "cli", "docs_examples"]
     if a.only:
         names = [n for n in names if n in a.only.split(",")]
     failed = []
