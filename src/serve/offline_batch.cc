@@ -1,0 +1,470 @@
+#include "offline_batch.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "batch_api.h"
+#include "corelm/durable.h"
+#include "corelm/error.h"
+#include "corelm/model_loader.h"
+#include "corelm/serve.h"
+#include "corelm/utf8.h"
+#include "executor.h"
+
+namespace corelm::serve {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// Every row of one `corelm run batch` folder carries this batch id: the folder holds one input.
+constexpr const char* kBatchId = "run-batch";
+constexpr const char* kManifestFormat = "corelm-run-batch/1";
+constexpr int kMaxReportedErrors = 20;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex64(uint64_t v) {
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(v));
+  return out;
+}
+
+// The seed a row samples with when its body has none: a function of what the row asks for (model,
+// endpoint, body), so a row redone after a crash, or the same line in another run, draws the same
+// tokens.
+uint64_t row_seed(const queue::LeasedRequest& r) {
+  uint64_t h = fnv1a(r.model);
+  h = fnv1a(std::string_view("\0", 1), h);
+  h = fnv1a(r.endpoint, h);
+  h = fnv1a(std::string_view("\0", 1), h);
+  return fnv1a(r.body, h);
+}
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  CORELM_CHECK(in.good(), IOError, what, " ", path, ": cannot open");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CORELM_CHECK(!in.bad(), IOError, what, " ", path, ": read error");
+  return s;
+}
+
+struct Validated {
+  std::vector<queue::NewRequest> rows;
+  std::string input_hash;
+  int64_t input_bytes = 0;
+};
+
+// The whole file or nothing: every error is collected (the first kMaxReportedErrors are named in
+// the message) so a user fixes them in one pass.
+Validated validate_input(const std::string& path, const std::string& model_id, const RequestLimits& limits) {
+  const std::string text = read_file(path, "--input");
+  Validated v;
+  v.input_bytes = static_cast<int64_t>(text.size());
+  v.input_hash = hex64(fnv1a(text));
+  std::vector<std::string> errors;
+  int64_t n_errors = 0;
+  auto report = [&](int64_t line, const std::string& code, const std::string& msg) {
+    if (n_errors++ < kMaxReportedErrors)
+      errors.push_back(path + ":" + std::to_string(line) + ": " + code + ": " + escape_invalid_utf8(msg));
+  };
+  std::unordered_set<std::string> seen;
+  size_t pos = 0;
+  int64_t line_no = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank lines carry nothing
+    auto r = parse_batch_line(line, line_no, "", {model_id}, limits);
+    if (auto* e = std::get_if<BatchLineError>(&r)) {
+      report(line_no, e->code, e->message);
+      continue;
+    }
+    auto& row = std::get<queue::NewRequest>(r);
+    const std::string cid = row.custom_id.value_or("");
+    if (!seen.insert(cid).second) {
+      report(line_no, "duplicate_custom_id", "custom_id '" + cid + "' appears on an earlier line");
+      continue;
+    }
+    row.batch_id = kBatchId;
+    v.rows.push_back(std::move(row));
+  }
+  if (n_errors > 0) {
+    std::string msg = "--input " + path + ": " + std::to_string(n_errors) + " invalid line" +
+                      (n_errors > 1 ? "s" : "") + " (nothing was run):";
+    for (const auto& e : errors) msg += "\n  " + e;
+    if (n_errors > kMaxReportedErrors) msg += "\n  ... and " + std::to_string(n_errors - kMaxReportedErrors) + " more";
+    throw ValueError(msg);
+  }
+  CORELM_CHECK(!v.rows.empty(), ValueError, "--input ", path, ": no requests (the file has no non-blank line)");
+  return v;
+}
+
+class ProgressLine {
+ public:
+  ProgressLine(bool on, int64_t total, int64_t done_before) : on_(on), total_(total), before_(done_before) {}
+  void update(int64_t done_now, int64_t tokens, int64_t failed, bool final = false) {
+    if (!on_ || (!final && since(last_) < 0.5)) return;
+    last_ = Clock::now();
+    const double s = std::max(1e-9, since(start_));
+    const int64_t done = before_ + done_now, left = total_ - done;
+    const double eta = done_now > 0 ? s * double(left) / double(done_now) : 0.0;
+    std::fprintf(stderr, "\r[run batch] %lld/%lld requests  %.1f req/s  %.0f tok/s  failed %lld  %.0f%%  ETA %.0fs   %s",
+                 static_cast<long long>(done), static_cast<long long>(total_), done_now / s, tokens / s,
+                 static_cast<long long>(failed), 100.0 * double(done) / double(std::max<int64_t>(1, total_)), eta,
+                 final ? "\n" : "");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool on_;
+  int64_t total_, before_;
+  Clock::time_point start_ = Clock::now(), last_{};
+};
+
+void remove_journal(const fs::path& out) {
+  for (const char* name : {"queue.sqlite", "queue.sqlite-wal", "queue.sqlite-shm", "output.jsonl", "errors.jsonl",
+                           "batch.json"})
+    fs::remove(out / name);
+}
+
+// What batch.json records about the input and model a folder was made from.
+nlohmann::json make_manifest(const OfflineBatchOptions& o, const Validated& v, const std::string& model_id) {
+  return {{"format", kManifestFormat},
+          {"input", fs::absolute(o.input).lexically_normal().string()},
+          {"input_bytes", v.input_bytes},
+          {"input_hash", v.input_hash},
+          {"model", fs::absolute(o.model).lexically_normal().string()},
+          {"model_id", model_id},
+          {"rows", static_cast<int64_t>(v.rows.size())},
+          {"created", std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count()}};
+}
+
+// Returns the manifest to use (the stored one when it matches, a fresh one after --overwrite or
+// in a new folder) and whether the folder already holds this input's journal.
+std::pair<nlohmann::json, bool> check_folder(const OfflineBatchOptions& o, const Validated& v,
+                                             const std::string& model_id) {
+  const fs::path out(o.out), manifest_path = out / "batch.json", qpath = queue::queue_path(o.out);
+  const nlohmann::json fresh = make_manifest(o, v, model_id);
+  if (!fs::exists(manifest_path)) {
+    if (fs::exists(qpath)) {
+      CORELM_CHECK(o.overwrite, ValueError, "--out ", o.out, ": ", qpath,
+                   " exists but batch.json does not (not a `corelm run batch` folder); use --overwrite to start over");
+      remove_journal(out);
+    }
+    return {fresh, false};
+  }
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_file(manifest_path.string(), "--out"));
+  } catch (const nlohmann::json::exception& e) {
+    if (!o.overwrite)
+      throw FormatError(manifest_path.string() + ": invalid JSON (" + escape_invalid_utf8(e.what()) +
+                        "); use --overwrite to start over");
+  }
+  const bool same = m.is_object() && m.value("format", "") == kManifestFormat &&
+                    m.value("input_hash", "") == v.input_hash && m.value("input_bytes", int64_t(-1)) == v.input_bytes &&
+                    m.value("rows", int64_t(-1)) == static_cast<int64_t>(v.rows.size()) &&
+                    m.value("model", "") == fresh["model"].get<std::string>();
+  if (same) return {m, fs::exists(qpath)};
+  if (!o.overwrite) {
+    std::string was = m.is_object() ? m.value("input", std::string("?")) + " with model " + m.value("model", std::string("?"))
+                                    : std::string("?");
+    throw ValueError("--out " + o.out + " holds a batch of another input or model (" + escape_invalid_utf8(was) +
+                     "); use --overwrite to discard it and start over");
+  }
+  remove_journal(out);
+  return {fresh, false};
+}
+
+Endpoint endpoint_of(const std::string& url) {
+  return url == "/v1/chat/completions" ? Endpoint::ChatCompletions : Endpoint::Completions;
+}
+
+// Runs every queued row of the journal through the scheduler, keeping up to 2 * slots in flight;
+// results are acked in groups (one transaction per wake-up).
+struct Runner {
+  queue::Queue& q;
+  LoadedModel& model;
+  const OfflineBatchOptions& o;
+  std::string model_id, worker_id, id_tag;
+  int64_t created = 0;
+  RequestLimits limits;
+  OfflineBatchSummary& sum;
+
+  Runner(queue::Queue& q_, LoadedModel& m, const OfflineBatchOptions& o_, std::string id, std::string tag,
+         int64_t created_, RequestLimits l, OfflineBatchSummary& s)
+      : q(q_), model(m), o(o_), model_id(std::move(id)), id_tag(std::move(tag)), created(created_), limits(l), sum(s) {}
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<queue::RequestId, ExecResult>> finished;
+
+  void run(ProgressLine& progress) {
+    const int64_t window = 2 * o.slots;
+    int64_t in_flight = 0, failed_now = 0;
+    auto last_renew = Clock::now();
+    bool drained = false;
+    const auto start = Clock::now();
+    while (true) {
+      if (!drained && in_flight < window) {
+        auto leased = q.lease(worker_id, window - in_flight);
+        if (leased.empty()) {
+          drained = true;
+        }
+        for (auto& r : leased) {
+          ++in_flight;
+          submit(r);
+        }
+      }
+      std::vector<std::pair<queue::RequestId, ExecResult>> got;
+      {
+        std::unique_lock lk(mu);
+        cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !finished.empty(); });
+        got.swap(finished);
+      }
+      if (!got.empty()) {
+        std::vector<std::pair<queue::RequestId, queue::Result>> acks;
+        for (auto& [id, res] : got) {
+          --in_flight;
+          if (res.status >= 500 || res.status == 429) {
+            // Not the row's fault (an overloaded or failing scheduler): back to the queue, counted
+            // as an attempt so a row that always fails ends with an error result.
+            if (q.fail(id, worker_id, res.body.dump()) == queue::RequestState::queued) drained = false;
+            else ++failed_now;
+            continue;
+          }
+          if (res.status == 200) {
+            const auto& u = res.body.value("usage", nlohmann::json::object());
+            sum.prompt_tokens += u.value("prompt_tokens", int64_t(0));
+            sum.completion_tokens += u.value("completion_tokens", int64_t(0));
+          } else {
+            ++failed_now;
+          }
+          queue::Result r;
+          r.status_code = res.status;
+          r.body = res.body.dump();
+          if (res.status != 200) r.error = res.body.contains("error") ? res.body["error"].value("message", "") : "error";
+          acks.emplace_back(id, std::move(r));
+        }
+        if (!acks.empty()) {
+          const auto lost = q.complete_many(worker_id, acks);
+          CORELM_CHECK(lost.empty(), Error, "queue ", q.path(), ": ", lost.size(),
+                       " results refused (their leases were taken by another process while this one held them)");
+          sum.run_now += static_cast<int64_t>(acks.size());
+        }
+      }
+      if (since(last_renew) > o.lease_seconds / 3) {
+        q.renew(worker_id);
+        last_renew = Clock::now();
+      }
+      progress.update(sum.run_now, sum.completion_tokens, failed_now);
+      if (drained && in_flight == 0) {
+        const queue::Counts c = q.counts(kBatchId);
+        if (c.queued == 0 && c.running == 0) break;
+        // Requeued rows (a failed attempt) or rows another process still holds: look again soon.
+        drained = false;
+        if (c.queued == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+    sum.seconds = since(start);
+    progress.update(sum.run_now, sum.completion_tokens, failed_now, true);
+  }
+
+  void submit(const queue::LeasedRequest& r) {
+    ExecOptions eo;
+    eo.limits = limits;
+    eo.max_tokens_limit = o.max_tokens_limit;
+    eo.default_seed = row_seed(r);
+    eo.priority = infer::SequenceRequest::kQueued;
+    const bool chat = r.endpoint == "/v1/chat/completions";
+    eo.response_id = std::string(chat ? "chatcmpl-" : "cmpl-") + id_tag + "-" + std::to_string(r.id);
+    eo.created = created;
+    const queue::RequestId id = r.id;
+    try {
+      execute(model, endpoint_of(r.endpoint), r.body, {model_id}, eo, [this, id](ExecResult res) {
+        std::lock_guard lk(mu);
+        finished.emplace_back(id, std::move(res));
+        cv.notify_one();
+      });
+    } catch (const std::exception& e) {
+      std::lock_guard lk(mu);
+      finished.emplace_back(id, ExecResult{500, api_error(500, e.what()).to_json()});
+      cv.notify_one();
+    }
+  }
+};
+
+// output.jsonl / errors.jsonl in input order, from the results the journal holds.
+void write_outputs(queue::Queue& q, const std::vector<queue::NewRequest>& rows, queue::RequestId first,
+                   OfflineBatchSummary& sum) {
+  AtomicWriter out(sum.output_path), err(sum.errors_path);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const queue::RequestId id = first + static_cast<queue::RequestId>(i);
+    const auto info = q.get(id);
+    CORELM_CHECK(info && info->custom_id == rows[i].custom_id && info->batch_id == std::optional<std::string>(kBatchId),
+                 FormatError, "queue ", q.path(), ": row ", id, " is not line ", i + 1,
+                 " of the input (the journal does not match batch.json); use --overwrite to start over");
+    CORELM_CHECK(info->result.has_value(), FormatError, "queue ", q.path(), ": row ", id, " is ",
+                 queue::to_string(info->state), " without a result");
+    const queue::Result& r = *info->result;
+    nlohmann::ordered_json line;
+    line["id"] = "batch_req_" + std::to_string(id);
+    line["custom_id"] = *info->custom_id;
+    nlohmann::ordered_json body;
+    bool has_body = !r.body.empty();
+    if (has_body) {
+      try {
+        body = nlohmann::ordered_json::parse(r.body);
+      } catch (const nlohmann::json::exception&) {
+        has_body = false;
+      }
+    }
+    if (has_body) {
+      line["response"] = {{"status_code", r.status_code},
+                          {"request_id", "req_" + std::to_string(id)},
+                          {"body", std::move(body)}};
+      line["error"] = nullptr;
+    } else {
+      line["response"] = nullptr;
+      line["error"] = {{"code", r.status_code >= 500 ? "server_error" : "invalid_request"}, {"message", r.error}};
+    }
+    const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    if (info->state == queue::RequestState::done && r.status_code == 200) {
+      out.write(text);
+      ++sum.completed;
+    } else {
+      err.write(text);
+      ++sum.failed;
+    }
+  }
+  out.commit();
+  err.commit();
+}
+
+}  // namespace
+
+void OfflineBatchOptions::validate() const {
+  CORELM_CHECK(!model.empty(), ValueError, "--model is required");
+  CORELM_CHECK(!input.empty(), ValueError, "--input is required");
+  CORELM_CHECK(!out.empty(), ValueError, "--out is required");
+  CORELM_CHECK(slots >= 1 && slots <= 256, ValueError, "--slots must be in [1, 256] (got ", slots, ")");
+  CORELM_CHECK(max_tokens_limit >= 1, ValueError, "--max-tokens-limit must be >= 1 (got ", max_tokens_limit, ")");
+  CORELM_CHECK(max_attempts >= 1, ValueError, "--max-attempts must be >= 1 (got ", max_attempts, ")");
+  CORELM_CHECK(lease_seconds > 0, ValueError, "--lease-seconds must be > 0 (got ", lease_seconds, ")");
+}
+
+nlohmann::json OfflineBatchSummary::to_json() const {
+  return {{"total", total},
+          {"completed", completed},
+          {"failed", failed},
+          {"run_now", run_now},
+          {"resumed", resumed},
+          {"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"seconds", seconds},
+          {"requests_per_s", seconds > 0 ? run_now / seconds : 0.0},
+          {"tokens_per_s", seconds > 0 ? completion_tokens / seconds : 0.0},
+          {"output", output_path},
+          {"errors", errors_path}};
+}
+
+OfflineBatchSummary run_offline_batch(const OfflineBatchOptions& o) {
+  o.validate();
+  const std::string model_id = model_id_for_path(o.model);
+  RequestLimits limits;
+  limits.max_n = static_cast<int>(std::min<int64_t>(16, o.slots));
+  limits.max_tokens_limit = o.max_tokens_limit;
+  // Validation before touching --out: an invalid file leaves no trace.
+  Validated v = validate_input(o.input, model_id, limits);
+
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  CORELM_CHECK(!ec && fs::is_directory(o.out), IOError, "--out ", o.out, ": cannot create the folder (", ec.message(), ")");
+  // One process per folder: a second run on the same --out would race the first for its rows
+  // and its output files.
+  auto lock = FileLock::acquire_or_throw((fs::path(o.out) / ".lock").string(), "corelm run batch --out");
+  auto [manifest, resume] = check_folder(o, v, model_id);
+  const fs::path manifest_path = fs::path(o.out) / "batch.json";
+  if (!resume) write_file_atomic(manifest_path.string(), manifest.dump(2) + "\n");
+
+  queue::QueueOptions qo;
+  qo.max_requests = std::max<int64_t>(qo.max_requests, static_cast<int64_t>(v.rows.size()));
+  qo.lease_seconds = o.lease_seconds;
+  qo.max_attempts = o.max_attempts;
+  qo.sync = o.sync;
+  qo.dedup = false;  // every line is its own row and result, even when two lines are identical
+  queue::Queue q = queue::Queue::open(queue::queue_path(o.out), qo);
+
+  OfflineBatchSummary sum;
+  sum.total = static_cast<int64_t>(v.rows.size());
+  sum.output_path = (fs::path(o.out) / "output.jsonl").string();
+  sum.errors_path = (fs::path(o.out) / "errors.jsonl").string();
+  // The rows are enqueued in one transaction into a queue that holds nothing else, so they are
+  // ids first .. first + N - 1 in input order (write_outputs checks every one).
+  queue::RequestId first = 1;
+  const queue::Counts before = q.counts(kBatchId);
+  if (before.total() == 0) {
+    CORELM_CHECK(q.counts().total() == 0, FormatError, "queue ", q.path(),
+                 " holds requests of another batch; use --overwrite to start over");
+    first = q.enqueue_many(v.rows).front();
+  } else {
+    CORELM_CHECK(before.total() == sum.total, FormatError, "queue ", q.path(), " holds ", before.total(),
+                 " rows but the input has ", sum.total, "; use --overwrite to start over");
+    sum.resumed = true;
+  }
+
+  const queue::Counts now = q.counts(kBatchId);
+  const int64_t done_before = now.done + now.failed + now.cancelled;
+  if (done_before < sum.total) {
+    ServeOptions so;
+    so.models = {o.model};
+    so.slots = o.slots;
+    so.max_queue = 2 * o.slots + 8;
+    so.max_tokens_limit = o.max_tokens_limit;
+    so.precision = o.precision;
+    auto loaded = load_model_for_serving(o.model, so);
+    Runner runner(q, *loaded, o, model_id, manifest.value("input_hash", std::string("0")).substr(0, 12),
+                  manifest.value("created", int64_t(0)), limits, sum);
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    runner.worker_id = std::string(host) + ":" + std::to_string(::getpid()) + ":run-batch";
+    ProgressLine progress(o.progress || ::isatty(STDERR_FILENO), sum.total, done_before);
+    try {
+      runner.run(progress);
+    } catch (...) {
+      // Stop the scheduler while the runner its callbacks write to still exists.
+      loaded->scheduler.reset();
+      throw;
+    }
+  }
+  write_outputs(q, v.rows, first, sum);
+  return sum;
+}
+
+}  // namespace corelm::serve
