@@ -93,6 +93,7 @@ struct RequestInfo {
   std::optional<std::string> custom_id;
   std::string worker_id;          // the lease holder while running
   std::optional<Result> result;   // present when done or failed
+  std::string endpoint = kDefaultEndpoint;
 };
 
 struct Counts {
@@ -102,6 +103,10 @@ struct Counts {
 
 // The queue file under a state dir.
 std::string queue_path(const std::string& state_dir);
+
+// The schema v1 DDL (what corelm wrote before the endpoint column): tests build a v1 file with it
+// to check the migration that open() applies in place.
+const char* schema_v1_sql();
 
 class Queue {
  public:
@@ -113,7 +118,7 @@ class Queue {
   Queue& operator=(Queue&&) noexcept;
   ~Queue();
 
-  static constexpr int64_t kSchemaVersion = 1;
+  static constexpr int64_t kSchemaVersion = 2;
   int64_t schema_version() const;
   const std::string& path() const;
 

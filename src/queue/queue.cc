@@ -31,9 +31,11 @@ std::string host_name() {
   return buf;
 }
 
-// FNV-1a 64 of model \0 body: only an index key; a dedup hit is confirmed by comparing the full
-// model and body, so a collision cannot return another request's result.
-std::string content_hash(const std::string& model, const std::string& body) {
+// FNV-1a 64 of model \0 body (\0 endpoint when it is not the default): only an index key; a
+// dedup hit is confirmed by comparing the full model, body and endpoint, so a collision cannot
+// return another request's result. The default endpoint adds nothing, so the hashes of rows
+// written by schema v1 (all /v1/completions) stay valid after the migration.
+std::string content_hash(const std::string& model, const std::string& body, const std::string& endpoint) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const std::string& s) {
     for (unsigned char c : s) {
@@ -45,6 +47,11 @@ std::string content_hash(const std::string& model, const std::string& body) {
   h ^= 0;
   h *= 1099511628211ull;
   mix(body);
+  if (endpoint != kDefaultEndpoint) {
+    h ^= 0;
+    h *= 1099511628211ull;
+    mix(endpoint);
+  }
   char out[17];
   std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
   return out;
@@ -59,7 +66,8 @@ RequestState parse_state(const std::string& s, const std::string& path) {
   throw FormatError("queue " + path + ": unknown request state '" + s + "'");
 }
 
-// Schema v1. Partial indexes keep the hot queries (next queued, expired leases, dedup lookups)
+// Schema v1 (kept verbatim: a new file is created as v1 and then migrated, so the migration
+// path that old files take is the one every test exercises). Partial indexes keep the hot queries (next queued, expired leases, dedup lookups)
 // off the done rows that make up most of a long-lived queue. state_counts is kept by triggers so
 // the max_requests check and counts() are O(1) at a million rows.
 const char* kSchemaV1 = R"sql(
@@ -97,7 +105,30 @@ CREATE TRIGGER requests_count_delete AFTER DELETE ON requests BEGIN
   UPDATE state_counts SET n = n - 1 WHERE state = OLD.state; END;
 )sql";
 
+// v1 -> v2: the endpoint of each request (chat vs completions bodies), the OpenAI batch
+// lifecycle timestamps, and the link from an output / error file to its batch (their content is
+// rendered from the results, never stored).
+const char* kMigrateV1toV2 = R"sql(
+ALTER TABLE requests ADD COLUMN endpoint TEXT NOT NULL DEFAULT '/v1/completions';
+ALTER TABLE files ADD COLUMN batch_id TEXT;
+ALTER TABLE files ADD COLUMN kind TEXT NOT NULL DEFAULT 'upload';
+ALTER TABLE batches ADD COLUMN in_progress_at REAL;
+ALTER TABLE batches ADD COLUMN expires_at REAL;
+ALTER TABLE batches ADD COLUMN finalizing_at REAL;
+ALTER TABLE batches ADD COLUMN completed_at REAL;
+ALTER TABLE batches ADD COLUMN failed_at REAL;
+ALTER TABLE batches ADD COLUMN expired_at REAL;
+ALTER TABLE batches ADD COLUMN cancelling_at REAL;
+ALTER TABLE batches ADD COLUMN cancelled_at REAL;
+CREATE INDEX files_created ON files(created_at, id);
+CREATE INDEX batches_created ON batches(created_at, id);
+CREATE INDEX batches_status ON batches(status);
+)sql";
+
 }  // namespace
+
+// The v1 DDL, for tests that build a v1 file to check the migration.
+const char* schema_v1_sql() { return kSchemaV1; }
 
 const char* to_string(RequestState s) {
   switch (s) {
@@ -267,21 +298,25 @@ struct Queue::Impl {
     if (!nlohmann::json::accept(r.body))
       throw ValueError("queue " + path + ": enqueue: body is not valid JSON" +
                        (r.custom_id ? " (custom_id " + *r.custom_id + ")" : std::string()));
-    std::string hash = content_hash(r.model, r.body);
+    if (r.endpoint != "/v1/completions" && r.endpoint != "/v1/chat/completions")
+      throw ValueError("queue " + path + ": enqueue: endpoint must be /v1/completions or /v1/chat/completions, got '" +
+                       r.endpoint + "'");
+    std::string hash = content_hash(r.model, r.body, r.endpoint);
     std::optional<Result> reuse;
     if (opt.dedup) {
       sqlite3_stmt* st = stmt(
           "SELECT s.status_code, s.body, s.error FROM requests r JOIN results s ON s.request_id = r.id "
-          "WHERE r.content_hash = ? AND r.state = 'done' AND r.model = ? AND r.body = ? LIMIT 1");
+          "WHERE r.content_hash = ? AND r.state = 'done' AND r.model = ? AND r.body = ? AND r.endpoint = ? LIMIT 1");
       bind(st, 1, hash);
       bind(st, 2, r.model);
       bind(st, 3, r.body);
+      bind(st, 4, r.endpoint);
       if (step(st)) reuse = Result{sqlite3_column_int64(st, 0), text(st, 1), text(st, 2)};
       sqlite3_reset(st);
     }
     sqlite3_stmt* st = stmt(
-        "INSERT INTO requests(batch_id, custom_id, model, body, content_hash, state, created_at, updated_at) "
-        "VALUES(?,?,?,?,?,?,?,?)");
+        "INSERT INTO requests(batch_id, custom_id, model, body, content_hash, state, created_at, updated_at, endpoint) "
+        "VALUES(?,?,?,?,?,?,?,?,?)");
     bind(st, 1, r.batch_id);
     bind(st, 2, r.custom_id);
     bind(st, 3, r.model);
@@ -290,6 +325,7 @@ struct Queue::Impl {
     bind(st, 6, std::string(reuse ? "done" : "queued"));
     bind(st, 7, t);
     bind(st, 8, t);
+    bind(st, 9, r.endpoint);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_DONE) {
       sqlite3_reset(st);
@@ -436,7 +472,11 @@ void Queue::Impl::migrate() {
       exec("PRAGMA user_version = 1");
       version = 1;
     }
-    // Later versions: `if (version == 1) { ALTER ...; PRAGMA user_version = 2; version = 2; }`
+    if (version == 1) {
+      exec(kMigrateV1toV2);
+      exec("PRAGMA user_version = 2");
+      version = 2;
+    }
   });
 }
 
@@ -503,8 +543,9 @@ int64_t Queue::schema_version() const {
 const std::string& Queue::path() const { return impl_->path; }
 
 RequestId Queue::enqueue(const std::string& model, const std::string& body_json,
-                         const std::optional<std::string>& batch_id, const std::optional<std::string>& custom_id) {
-  return enqueue_many({NewRequest{model, body_json, batch_id, custom_id}}).front();
+                         const std::optional<std::string>& batch_id, const std::optional<std::string>& custom_id,
+                         const std::string& endpoint) {
+  return enqueue_many({NewRequest{model, body_json, batch_id, custom_id, endpoint}}).front();
 }
 
 std::vector<RequestId> Queue::enqueue_many(const std::vector<NewRequest>& requests) {
@@ -534,12 +575,12 @@ std::vector<LeasedRequest> Queue::lease(const std::string& worker_id, int64_t n)
     q.reclaim_locked(t);
     std::vector<LeasedRequest> out;
     sqlite3_stmt* st = q.stmt(
-        "SELECT id, model, body, batch_id, custom_id, attempts FROM requests WHERE state = 'queued' "
+        "SELECT id, model, body, batch_id, custom_id, attempts, endpoint FROM requests WHERE state = 'queued' "
         "ORDER BY id LIMIT ?");
     q.bind(st, 1, n);
     while (q.step(st))
       out.push_back({sqlite3_column_int64(st, 0), Impl::text(st, 1), Impl::text(st, 2), Impl::opt_text(st, 3),
-                     Impl::opt_text(st, 4), sqlite3_column_int64(st, 5) + 1});
+                     Impl::opt_text(st, 4), sqlite3_column_int64(st, 5) + 1, Impl::text(st, 6)});
     sqlite3_reset(st);
     for (const LeasedRequest& r : out) {
       sqlite3_stmt* u = q.stmt(
@@ -631,7 +672,7 @@ std::optional<RequestInfo> Queue::get(RequestId id) const {
   Impl& q = *impl_;
   sqlite3_stmt* st = q.stmt(
       "SELECT r.state, r.attempts, r.model, r.batch_id, r.custom_id, r.worker_id, "
-      "s.request_id IS NOT NULL, s.status_code, s.body, s.error "
+      "s.request_id IS NOT NULL, s.status_code, s.body, s.error, r.endpoint "
       "FROM requests r LEFT JOIN results s ON s.request_id = r.id WHERE r.id = ?");
   q.bind(st, 1, id);
   if (!q.step(st)) {
@@ -648,6 +689,7 @@ std::optional<RequestInfo> Queue::get(RequestId id) const {
   info.worker_id = Impl::text(st, 5);
   if (sqlite3_column_int64(st, 6))
     info.result = Result{sqlite3_column_int64(st, 7), Impl::text(st, 8), Impl::text(st, 9)};
+  info.endpoint = Impl::text(st, 10);
   sqlite3_reset(st);
   return info;
 }

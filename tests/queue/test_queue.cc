@@ -95,7 +95,7 @@ int wait_child(pid_t pid) {
 
 TEST_F(QueueTest, StateMachineQueuedRunningDoneAndOldestFirst) {
   Queue q = Queue::open(path_);
-  EXPECT_EQ(q.schema_version(), 1);
+  EXPECT_EQ(q.schema_version(), Queue::kSchemaVersion);
   RequestId a = q.enqueue("m", body_of(1), std::string("b1"), std::string("c1"));
   RequestId b = q.enqueue("m", body_of(2), std::string("b1"), std::string("c2"));
   RequestId c = q.enqueue("m", body_of(3));
@@ -382,15 +382,87 @@ TEST_F(QueueTest, CancelBatchCancelsQueuedOnly) {
 TEST_F(QueueTest, SchemaIsCreatedOnEmptyFilesAndSurvivesReopen) {
   { std::ofstream(path_).flush(); }  // a 0-byte file
   { Queue q = Queue::open(path_);
-    EXPECT_EQ(q.schema_version(), 1);
+    EXPECT_EQ(q.schema_version(), Queue::kSchemaVersion);
     q.enqueue("m", body_of(1)); }
   std::string other = dir_ + "/empty_sqlite.db";
   sql_exec(other, "PRAGMA user_version = 0");  // a SQLite file with no tables, version 0
-  EXPECT_EQ(Queue::open(other).schema_version(), 1);
+  EXPECT_EQ(Queue::open(other).schema_version(), Queue::kSchemaVersion);
   Queue q = Queue::open(path_);
   EXPECT_EQ(q.counts().queued, 1);
   EXPECT_EQ(sql_scalar(path_, "PRAGMA journal_mode"), "wal");
-  EXPECT_EQ(sql_scalar(path_, "PRAGMA user_version"), "1");
+  EXPECT_EQ(sql_scalar(path_, "PRAGMA user_version"), std::to_string(Queue::kSchemaVersion));
+}
+
+// A file written by the v1 code (its DDL, application id and rows as v1 stored them, content
+// hashes included) is migrated in place: its rows keep their state, lease and results, dedup
+// still finds the v1 results, and new rows can carry an endpoint.
+TEST_F(QueueTest, V1FileIsMigratedInPlaceAndItsRowsKeepWorking) {
+  sql_exec(path_, std::string(schema_v1_sql()) + "PRAGMA application_id = " + std::to_string(0x434C4D51) +
+                      "; PRAGMA user_version = 1;");
+  // The v1 hash of ("m", body_of(1)) (FNV-1a of model \0 body), computed here independently.
+  auto fnv = [](const std::string& model, const std::string& body) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : model) { h ^= c; h *= 1099511628211ull; }
+    h *= 1099511628211ull;
+    for (unsigned char c : body) { h ^= c; h *= 1099511628211ull; }
+    char out[17];
+    std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+    return std::string(out);
+  };
+  sql_exec(path_,
+           "INSERT INTO requests(id, batch_id, custom_id, model, body, content_hash, state, attempts, created_at, updated_at) "
+           "VALUES(1, 'b', 'c1', 'm', '" + body_of(1) + "', '" + fnv("m", body_of(1)) + "', 'done', 1, 1, 1),"
+           "(2, 'b', 'c2', 'm', '" + body_of(2) + "', '" + fnv("m", body_of(2)) + "', 'queued', 0, 1, 1);"
+           "INSERT INTO results VALUES(1, 200, '{\"text\":\"v1\"}', NULL, 1);");
+  EXPECT_EQ(sql_scalar(path_, "SELECT n FROM state_counts WHERE state = 'queued'"), "1");
+  Queue q = Queue::open(path_);
+  EXPECT_EQ(q.schema_version(), 2);
+  EXPECT_EQ(sql_scalar(path_, "PRAGMA user_version"), "2");
+  auto done = q.get(1);
+  ASSERT_TRUE(done && done->result);
+  EXPECT_EQ(done->state, RequestState::done);
+  EXPECT_EQ(done->result->body, "{\"text\":\"v1\"}");
+  EXPECT_EQ(done->endpoint, "/v1/completions");
+  EXPECT_EQ(q.counts("b").queued, 1);
+  auto l = q.lease("w", 4);
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].id, 2);
+  EXPECT_EQ(l[0].endpoint, "/v1/completions");
+  EXPECT_EQ(l[0].custom_id, "c2");
+  q.complete(2, "w", Result{200, "{}", ""});
+  // Dedup against a v1 row: its stored hash matches what v2 computes for the default endpoint.
+  RequestId again = q.enqueue("m", body_of(1));
+  EXPECT_EQ(q.get(again)->state, RequestState::done);
+  EXPECT_EQ(q.get(again)->result->body, "{\"text\":\"v1\"}");
+  // A chat row next to the migrated ones.
+  RequestId chat = q.enqueue("m", body_of(1), std::nullopt, std::nullopt, "/v1/chat/completions");
+  EXPECT_EQ(q.get(chat)->state, RequestState::queued);
+  EXPECT_EQ(q.get(chat)->endpoint, "/v1/chat/completions");
+  EXPECT_EQ(q.counts().done, 3);
+  // Reopening a v2 file migrates nothing.
+  Queue q2 = Queue::open(path_);
+  EXPECT_EQ(q2.counts().total(), 4);
+}
+
+// The endpoint travels with the row, is part of the dedup key, and must be one of the two
+// completions endpoints.
+TEST_F(QueueTest, EndpointIsStoredLeasedAndPartOfTheDedupKey) {
+  Queue q = Queue::open(path_);
+  RequestId a = q.enqueue("m", body_of(1), std::nullopt, std::nullopt, "/v1/chat/completions");
+  auto l = q.lease("w", 1);
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].endpoint, "/v1/chat/completions");
+  q.complete(a, "w", Result{200, "{\"chat\":1}", ""});
+  RequestId same = q.enqueue("m", body_of(1), std::nullopt, std::nullopt, "/v1/chat/completions");
+  EXPECT_EQ(q.get(same)->state, RequestState::done);
+  EXPECT_EQ(q.get(same)->result->body, "{\"chat\":1}");
+  RequestId other = q.enqueue("m", body_of(1));  // same body, the completions endpoint
+  EXPECT_EQ(q.get(other)->state, RequestState::queued);
+  auto ids = q.enqueue_many({NewRequest{"m", body_of(5), std::nullopt, std::nullopt, "/v1/chat/completions"}});
+  EXPECT_EQ(q.get(ids[0])->endpoint, "/v1/chat/completions");
+  std::string msg = message_of<corelm::ValueError>(
+      [&] { q.enqueue("m", body_of(2), std::nullopt, std::nullopt, "/v1/embeddings"); });
+  EXPECT_NE(msg.find("/v1/embeddings"), std::string::npos) << msg;
 }
 
 TEST_F(QueueTest, ForeignCorruptAndFutureFilesAreRefusedByName) {
@@ -415,7 +487,7 @@ TEST_F(QueueTest, ForeignCorruptAndFutureFilesAreRefusedByName) {
   { Queue q = Queue::open(path_); q.enqueue("m", body_of(1)); }
   sql_exec(path_, "PRAGMA user_version = 7");
   msg = message_of<corelm::FormatError>([&] { Queue::open(path_); });
-  EXPECT_NE(msg.find("schema version 7 is newer than this corelm knows (1)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("schema version 7 is newer than this corelm knows (2)"), std::string::npos) << msg;
   EXPECT_NE(msg.find(path_), std::string::npos) << msg;
 
   // A queue whose first page (the schema) is overwritten after the header.
