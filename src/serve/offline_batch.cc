@@ -101,7 +101,10 @@ Validated validate_input(const std::string& path, const std::string& model_id, c
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank lines carry nothing
     auto r = parse_batch_line(line, line_no, "", {model_id}, limits);
     if (auto* e = std::get_if<BatchLineError>(&r)) {
-      report(line_no, e->code, e->message);
+      // parse_batch_line's messages start with "line N: " (the Batches API's shape); here the
+      // file:line prefix says it.
+      const std::string where = "line " + std::to_string(line_no) + ": ";
+      report(line_no, e->code, e->message.rfind(where, 0) == 0 ? e->message.substr(where.size()) : e->message);
       continue;
     }
     auto& row = std::get<queue::NewRequest>(r);
