@@ -188,6 +188,7 @@ void add_batch(CLI::App& group) {
       ->capture_default_str();
   c->add_flag("--overwrite", o.overwrite, "discard an --out made from another input file or model");
   c->add_flag("--progress", o.progress, "live progress line on stderr even when it is not a terminal");
+  c->add_flag("--no-queue", o.no_queue, "benchmark baseline: no journal, results in memory (not resumable)");
   c->add_flag("--json", a->json, "print a JSON summary on stdout");
   c->callback([a] { run_batch(*a); });
 }

@@ -209,20 +209,96 @@ Endpoint endpoint_of(const std::string& url) {
   return url == "/v1/chat/completions" ? Endpoint::ChatCompletions : Endpoint::Completions;
 }
 
-// Runs every queued row of the journal through the scheduler, keeping up to 2 * slots in flight;
+// Where the runner takes rows from and acks them to: the persistent queue (the product), or
+// memory (--no-queue, the benchmark's baseline: the same execution path without SQLite).
+struct Journal {
+  virtual ~Journal() = default;
+  virtual std::vector<queue::LeasedRequest> lease(int64_t n) = 0;
+  virtual void complete(const std::vector<std::pair<queue::RequestId, queue::Result>>& acks) = 0;
+  // A failed attempt: true when the row went back to be run again, false when it ended failed.
+  virtual bool retry(queue::RequestId id, const std::string& error) = 0;
+  virtual bool finished() = 0;  // nothing queued or running
+  virtual void renew() {}
+};
+
+class QueueJournal final : public Journal {
+ public:
+  QueueJournal(queue::Queue& q, std::string worker_id) : q_(q), worker_(std::move(worker_id)) {}
+  std::vector<queue::LeasedRequest> lease(int64_t n) override { return q_.lease(worker_, n); }
+  void complete(const std::vector<std::pair<queue::RequestId, queue::Result>>& acks) override {
+    const auto lost = q_.complete_many(worker_, acks);
+    CORELM_CHECK(lost.empty(), Error, "queue ", q_.path(), ": ", lost.size(),
+                 " results refused (their leases were taken by another process while this one held them)");
+  }
+  bool retry(queue::RequestId id, const std::string& error) override {
+    return q_.fail(id, worker_, error) == queue::RequestState::queued;
+  }
+  bool finished() override {
+    const queue::Counts c = q_.counts(kBatchId);
+    return c.queued == 0 && c.running == 0;
+  }
+  void renew() override { q_.renew(worker_); }
+
+ private:
+  queue::Queue& q_;
+  std::string worker_;
+};
+
+class MemoryJournal final : public Journal {
+ public:
+  MemoryJournal(const std::vector<queue::NewRequest>& rows, int64_t max_attempts)
+      : rows_(rows), results_(rows.size()), attempts_(rows.size(), 0), max_attempts_(max_attempts) {
+    for (size_t i = rows.size(); i-- > 0;) todo_.push_back(static_cast<queue::RequestId>(i + 1));
+  }
+  std::vector<queue::LeasedRequest> lease(int64_t n) override {
+    std::vector<queue::LeasedRequest> out;
+    while (n-- > 0 && !todo_.empty()) {
+      const queue::RequestId id = todo_.back();
+      todo_.pop_back();
+      const queue::NewRequest& r = rows_[static_cast<size_t>(id - 1)];
+      out.push_back({id, r.model, r.body, r.batch_id, r.custom_id, ++attempts_[static_cast<size_t>(id - 1)], r.endpoint});
+      ++running_;
+    }
+    return out;
+  }
+  void complete(const std::vector<std::pair<queue::RequestId, queue::Result>>& acks) override {
+    for (const auto& [id, r] : acks) results_[static_cast<size_t>(id - 1)] = r;
+    running_ -= static_cast<int64_t>(acks.size());
+  }
+  bool retry(queue::RequestId id, const std::string& error) override {
+    --running_;
+    if (attempts_[static_cast<size_t>(id - 1)] >= max_attempts_) {
+      results_[static_cast<size_t>(id - 1)] = queue::Result{500, "", error};
+      return false;
+    }
+    todo_.push_back(id);
+    return true;
+  }
+  bool finished() override { return todo_.empty() && running_ == 0; }
+  const std::optional<queue::Result>& result(size_t i) const { return results_[i]; }
+
+ private:
+  const std::vector<queue::NewRequest>& rows_;
+  std::vector<std::optional<queue::Result>> results_;
+  std::vector<int64_t> attempts_;
+  std::vector<queue::RequestId> todo_;  // a stack: next row at the back
+  int64_t running_ = 0, max_attempts_;
+};
+
+// Runs every row of the journal through the scheduler, keeping up to 2 * slots in flight;
 // results are acked in groups (one transaction per wake-up).
 struct Runner {
-  queue::Queue& q;
+  Journal& journal;
   LoadedModel& model;
   const OfflineBatchOptions& o;
-  std::string model_id, worker_id, id_tag;
+  std::string model_id, id_tag;
   int64_t created = 0;
   RequestLimits limits;
   OfflineBatchSummary& sum;
 
-  Runner(queue::Queue& q_, LoadedModel& m, const OfflineBatchOptions& o_, std::string id, std::string tag,
-         int64_t created_, RequestLimits l, OfflineBatchSummary& s)
-      : q(q_), model(m), o(o_), model_id(std::move(id)), id_tag(std::move(tag)), created(created_), limits(l), sum(s) {}
+  Runner(Journal& j, LoadedModel& m, const OfflineBatchOptions& o_, std::string id, std::string tag, int64_t created_,
+         RequestLimits l, OfflineBatchSummary& s)
+      : journal(j), model(m), o(o_), model_id(std::move(id)), id_tag(std::move(tag)), created(created_), limits(l), sum(s) {}
 
   std::mutex mu;
   std::condition_variable cv;
@@ -236,10 +312,8 @@ struct Runner {
     const auto start = Clock::now();
     while (true) {
       if (!drained && in_flight < window) {
-        auto leased = q.lease(worker_id, window - in_flight);
-        if (leased.empty()) {
-          drained = true;
-        }
+        auto leased = journal.lease(window - in_flight);
+        if (leased.empty()) drained = true;
         for (auto& r : leased) {
           ++in_flight;
           submit(r);
@@ -258,7 +332,7 @@ struct Runner {
           if (res.status >= 500 || res.status == 429) {
             // Not the row's fault (an overloaded or failing scheduler): back to the queue, counted
             // as an attempt so a row that always fails ends with an error result.
-            if (q.fail(id, worker_id, res.body.dump()) == queue::RequestState::queued) drained = false;
+            if (journal.retry(id, res.body.dump())) drained = false;
             else ++failed_now;
             continue;
           }
@@ -276,23 +350,20 @@ struct Runner {
           acks.emplace_back(id, std::move(r));
         }
         if (!acks.empty()) {
-          const auto lost = q.complete_many(worker_id, acks);
-          CORELM_CHECK(lost.empty(), Error, "queue ", q.path(), ": ", lost.size(),
-                       " results refused (their leases were taken by another process while this one held them)");
+          journal.complete(acks);
           sum.run_now += static_cast<int64_t>(acks.size());
         }
       }
       if (since(last_renew) > o.lease_seconds / 3) {
-        q.renew(worker_id);
+        journal.renew();
         last_renew = Clock::now();
       }
       progress.update(sum.run_now, sum.completion_tokens, failed_now);
       if (drained && in_flight == 0) {
-        const queue::Counts c = q.counts(kBatchId);
-        if (c.queued == 0 && c.running == 0) break;
+        if (journal.finished()) break;
         // Requeued rows (a failed attempt) or rows another process still holds: look again soon.
         drained = false;
-        if (c.queued == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     }
     sum.seconds = since(start);
@@ -323,42 +394,39 @@ struct Runner {
   }
 };
 
-// output.jsonl / errors.jsonl in input order, from the results the journal holds.
-void write_outputs(queue::Queue& q, const std::vector<queue::NewRequest>& rows, queue::RequestId first,
-                   OfflineBatchSummary& sum) {
+// One output line: into output.jsonl when `ok`, else errors.jsonl.
+std::string output_line(queue::RequestId id, const std::string& custom_id, const queue::Result& r) {
+  nlohmann::ordered_json line;
+  line["id"] = "batch_req_" + std::to_string(id);
+  line["custom_id"] = custom_id;
+  nlohmann::ordered_json body;
+  bool has_body = !r.body.empty();
+  if (has_body) {
+    try {
+      body = nlohmann::ordered_json::parse(r.body);
+    } catch (const nlohmann::json::exception&) {
+      has_body = false;
+    }
+  }
+  if (has_body) {
+    line["response"] = {{"status_code", r.status_code}, {"request_id", "req_" + std::to_string(id)}, {"body", std::move(body)}};
+    line["error"] = nullptr;
+  } else {
+    line["response"] = nullptr;
+    line["error"] = {{"code", r.status_code >= 500 ? "server_error" : "invalid_request"}, {"message", r.error}};
+  }
+  return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+// output.jsonl / errors.jsonl in input order. `row(i)`: line i's result and whether it is a
+// success.
+void write_outputs(const std::vector<queue::NewRequest>& rows, queue::RequestId first,
+                   const std::function<std::pair<queue::Result, bool>(size_t)>& row, OfflineBatchSummary& sum) {
   AtomicWriter out(sum.output_path), err(sum.errors_path);
   for (size_t i = 0; i < rows.size(); ++i) {
-    const queue::RequestId id = first + static_cast<queue::RequestId>(i);
-    const auto info = q.get(id);
-    CORELM_CHECK(info && info->custom_id == rows[i].custom_id && info->batch_id == std::optional<std::string>(kBatchId),
-                 FormatError, "queue ", q.path(), ": row ", id, " is not line ", i + 1,
-                 " of the input (the journal does not match batch.json); use --overwrite to start over");
-    CORELM_CHECK(info->result.has_value(), FormatError, "queue ", q.path(), ": row ", id, " is ",
-                 queue::to_string(info->state), " without a result");
-    const queue::Result& r = *info->result;
-    nlohmann::ordered_json line;
-    line["id"] = "batch_req_" + std::to_string(id);
-    line["custom_id"] = *info->custom_id;
-    nlohmann::ordered_json body;
-    bool has_body = !r.body.empty();
-    if (has_body) {
-      try {
-        body = nlohmann::ordered_json::parse(r.body);
-      } catch (const nlohmann::json::exception&) {
-        has_body = false;
-      }
-    }
-    if (has_body) {
-      line["response"] = {{"status_code", r.status_code},
-                          {"request_id", "req_" + std::to_string(id)},
-                          {"body", std::move(body)}};
-      line["error"] = nullptr;
-    } else {
-      line["response"] = nullptr;
-      line["error"] = {{"code", r.status_code >= 500 ? "server_error" : "invalid_request"}, {"message", r.error}};
-    }
-    const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    if (info->state == queue::RequestState::done && r.status_code == 200) {
+    const auto [r, ok] = row(i);
+    const std::string text = output_line(first + static_cast<queue::RequestId>(i), rows[i].custom_id.value_or(""), r);
+    if (ok) {
       out.write(text);
       ++sum.completed;
     } else {
@@ -368,6 +436,66 @@ void write_outputs(queue::Queue& q, const std::vector<queue::NewRequest>& rows, 
   }
   out.commit();
   err.commit();
+}
+
+std::pair<queue::Result, bool> queue_row(const queue::Queue& q, const std::vector<queue::NewRequest>& rows,
+                                         queue::RequestId first, size_t i) {
+  const queue::RequestId id = first + static_cast<queue::RequestId>(i);
+  const auto info = q.get(id);
+  CORELM_CHECK(info && info->custom_id == rows[i].custom_id && info->batch_id == std::optional<std::string>(kBatchId),
+               FormatError, "queue ", q.path(), ": row ", id, " is not line ", i + 1,
+               " of the input (the journal does not match batch.json); use --overwrite to start over");
+  CORELM_CHECK(info->result.has_value(), FormatError, "queue ", q.path(), ": row ", id, " is ",
+               queue::to_string(info->state), " without a result");
+  return {*info->result, info->state == queue::RequestState::done && info->result->status_code == 200};
+}
+
+std::shared_ptr<LoadedModel> load(const OfflineBatchOptions& o) {
+  ServeOptions so;
+  so.models = {o.model};
+  so.slots = o.slots;
+  so.max_queue = 2 * o.slots + 8;
+  so.max_tokens_limit = o.max_tokens_limit;
+  so.precision = o.precision;
+  return load_model_for_serving(o.model, so);
+}
+
+void run_rows(Journal& journal, const OfflineBatchOptions& o, const std::string& model_id, const std::string& tag,
+              int64_t created, const RequestLimits& limits, int64_t done_before, OfflineBatchSummary& sum) {
+  auto loaded = load(o);
+  Runner runner(journal, *loaded, o, model_id, tag, created, limits, sum);
+  ProgressLine progress(o.progress || ::isatty(STDERR_FILENO), sum.total, done_before);
+  try {
+    runner.run(progress);
+  } catch (...) {
+    // Stop the scheduler while the runner its callbacks write to still exists.
+    loaded->scheduler.reset();
+    throw;
+  }
+}
+
+// --no-queue: the same rows through the same execution core, results held in memory and written
+// at the end; nothing is journaled (a crash loses the run). The benchmark's baseline.
+OfflineBatchSummary run_without_queue(const OfflineBatchOptions& o, Validated& v, const std::string& model_id,
+                                      const RequestLimits& limits) {
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  CORELM_CHECK(!ec && fs::is_directory(o.out), IOError, "--out ", o.out, ": cannot create the folder (", ec.message(), ")");
+  auto lock = FileLock::acquire_or_throw((fs::path(o.out) / ".lock").string(), "corelm run batch --out");
+  CORELM_CHECK(!fs::exists(queue::queue_path(o.out)) || o.overwrite, ValueError, "--out ", o.out,
+               " holds a journal (queue.sqlite); --no-queue would not use it: use another --out or --overwrite");
+  if (o.overwrite) remove_journal(o.out);
+  OfflineBatchSummary sum;
+  sum.total = static_cast<int64_t>(v.rows.size());
+  sum.output_path = (fs::path(o.out) / "output.jsonl").string();
+  sum.errors_path = (fs::path(o.out) / "errors.jsonl").string();
+  MemoryJournal journal(v.rows, o.max_attempts);
+  run_rows(journal, o, model_id, v.input_hash.substr(0, 12), 0, limits, 0, sum);
+  write_outputs(v.rows, 1, [&](size_t i) {
+    const auto& r = journal.result(i);
+    return std::make_pair(r.value_or(queue::Result{500, "", "not run"}), r && r->status_code == 200);
+  }, sum);
+  return sum;
 }
 
 }  // namespace
@@ -405,6 +533,7 @@ OfflineBatchSummary run_offline_batch(const OfflineBatchOptions& o) {
   limits.max_tokens_limit = o.max_tokens_limit;
   // Validation before touching --out: an invalid file leaves no trace.
   Validated v = validate_input(o.input, model_id, limits);
+  if (o.no_queue) return run_without_queue(o, v, model_id, limits);
 
   std::error_code ec;
   fs::create_directories(o.out, ec);
@@ -445,28 +574,13 @@ OfflineBatchSummary run_offline_batch(const OfflineBatchOptions& o) {
   const queue::Counts now = q.counts(kBatchId);
   const int64_t done_before = now.done + now.failed + now.cancelled;
   if (done_before < sum.total) {
-    ServeOptions so;
-    so.models = {o.model};
-    so.slots = o.slots;
-    so.max_queue = 2 * o.slots + 8;
-    so.max_tokens_limit = o.max_tokens_limit;
-    so.precision = o.precision;
-    auto loaded = load_model_for_serving(o.model, so);
-    Runner runner(q, *loaded, o, model_id, manifest.value("input_hash", std::string("0")).substr(0, 12),
-                  manifest.value("created", int64_t(0)), limits, sum);
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
-    runner.worker_id = std::string(host) + ":" + std::to_string(::getpid()) + ":run-batch";
-    ProgressLine progress(o.progress || ::isatty(STDERR_FILENO), sum.total, done_before);
-    try {
-      runner.run(progress);
-    } catch (...) {
-      // Stop the scheduler while the runner its callbacks write to still exists.
-      loaded->scheduler.reset();
-      throw;
-    }
+    QueueJournal journal(q, std::string(host) + ":" + std::to_string(::getpid()) + ":run-batch");
+    run_rows(journal, o, model_id, manifest.value("input_hash", std::string("0")).substr(0, 12),
+             manifest.value("created", int64_t(0)), limits, done_before, sum);
   }
-  write_outputs(q, v.rows, first, sum);
+  write_outputs(v.rows, first, [&](size_t i) { return queue_row(q, v.rows, first, i); }, sum);
   return sum;
 }
 

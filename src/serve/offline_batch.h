@@ -30,6 +30,9 @@ struct OfflineBatchOptions {
   queue::Sync sync = queue::Sync::full;
   bool overwrite = false;       // reuse an --out made from another input file or model
   bool progress = false;        // progress line on stderr even when it is not a terminal
+  // Benchmark baseline: the same rows through the same execution core with results held in
+  // memory, no queue.sqlite (not resumable). Measures what the journal costs.
+  bool no_queue = false;
   void validate() const;        // ValueError naming the option
 };
 
