@@ -141,7 +141,7 @@ void add_task(CLI::App& group, pipeline::TaskKind kind, const std::string& help)
 
 struct BatchArgs {
   serve::OfflineBatchOptions o;
-  std::string precision = "bf16", sync = "full";
+  std::string precision = "bf16", sync = "full", shard = "0/1";
   int threads = 1;
   bool json = false;
 };
@@ -153,6 +153,7 @@ void run_batch(BatchArgs& a) {
                "')");
   a.o.precision = model::parse_precision(a.precision);
   a.o.sync = a.sync == "full" ? queue::Sync::full : queue::Sync::normal;
+  parse_shard(a.shard, a.o.shard_index, a.o.shard_count);
   set_num_threads(a.threads);
   const serve::OfflineBatchSummary s = serve::run_offline_batch(a.o);
   if (a.json) {
@@ -175,6 +176,8 @@ void add_batch(CLI::App& group) {
   c->add_option("--out", o.out, "output folder: output.jsonl, errors.jsonl, queue.sqlite (the journal), batch.json")
       ->required();
   c->add_option("--slots", o.slots, "sequences decoded together; up to 2x this many requests in flight")
+      ->capture_default_str();
+  c->add_option("--shard", a->shard, "run block i of N of the input (one --out per shard; outputs concatenate in order)")
       ->capture_default_str();
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_option("--precision", a->precision, "bf16 (fast path, default), int8 or f32 (reference)")

@@ -73,6 +73,7 @@ struct Validated {
   std::vector<queue::NewRequest> rows;
   std::string input_hash;
   int64_t input_bytes = 0;
+  std::string shard = "0/1";
 };
 
 // The whole file or nothing: every error is collected (the first kMaxReportedErrors are named in
@@ -127,6 +128,17 @@ Validated validate_input(const std::string& path, const std::string& model_id, c
   return v;
 }
 
+// The i-th of n contiguous blocks (sizes differ by at most one row).
+void keep_shard(Validated& v, int i, int n) {
+  if (n == 1) return;
+  const size_t total = v.rows.size(), lo = total * static_cast<size_t>(i) / static_cast<size_t>(n),
+               hi = total * static_cast<size_t>(i + 1) / static_cast<size_t>(n);
+  std::vector<queue::NewRequest> mine(std::make_move_iterator(v.rows.begin() + static_cast<std::ptrdiff_t>(lo)),
+                                      std::make_move_iterator(v.rows.begin() + static_cast<std::ptrdiff_t>(hi)));
+  v.rows = std::move(mine);
+  v.shard = std::to_string(i) + "/" + std::to_string(n);
+}
+
 class ProgressLine {
  public:
   ProgressLine(bool on, int64_t total, int64_t done_before) : on_(on), total_(total), before_(done_before) {}
@@ -164,6 +176,7 @@ nlohmann::json make_manifest(const OfflineBatchOptions& o, const Validated& v, c
           {"model", fs::absolute(o.model).lexically_normal().string()},
           {"model_id", model_id},
           {"rows", static_cast<int64_t>(v.rows.size())},
+          {"shard", v.shard},
           {"created", std::chrono::duration_cast<std::chrono::seconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count()}};
 }
@@ -193,6 +206,7 @@ std::pair<nlohmann::json, bool> check_folder(const OfflineBatchOptions& o, const
   const bool same = m.is_object() && m.value("format", "") == kManifestFormat &&
                     m.value("input_hash", "") == v.input_hash && m.value("input_bytes", int64_t(-1)) == v.input_bytes &&
                     m.value("rows", int64_t(-1)) == static_cast<int64_t>(v.rows.size()) &&
+                    m.value("shard", std::string("0/1")) == v.shard &&
                     m.value("model", "") == fresh["model"].get<std::string>();
   if (same) return {m, fs::exists(qpath)};
   if (!o.overwrite) {
@@ -504,6 +518,8 @@ void OfflineBatchOptions::validate() const {
   CORELM_CHECK(!model.empty(), ValueError, "--model is required");
   CORELM_CHECK(!input.empty(), ValueError, "--input is required");
   CORELM_CHECK(!out.empty(), ValueError, "--out is required");
+  CORELM_CHECK(shard_count >= 1 && shard_index >= 0 && shard_index < shard_count, ValueError, "--shard ", shard_index,
+               "/", shard_count, ": need 0 <= i < N");
   CORELM_CHECK(slots >= 1 && slots <= 256, ValueError, "--slots must be in [1, 256] (got ", slots, ")");
   CORELM_CHECK(max_tokens_limit >= 1, ValueError, "--max-tokens-limit must be >= 1 (got ", max_tokens_limit, ")");
   CORELM_CHECK(max_attempts >= 1, ValueError, "--max-attempts must be >= 1 (got ", max_attempts, ")");
@@ -533,6 +549,8 @@ OfflineBatchSummary run_offline_batch(const OfflineBatchOptions& o) {
   limits.max_tokens_limit = o.max_tokens_limit;
   // Validation before touching --out: an invalid file leaves no trace.
   Validated v = validate_input(o.input, model_id, limits);
+  keep_shard(v, o.shard_index, o.shard_count);
+  CORELM_CHECK(!v.rows.empty(), ValueError, "--shard ", v.shard, ": no rows in this shard (the input has fewer rows than shards)");
   if (o.no_queue) return run_without_queue(o, v, model_id, limits);
 
   std::error_code ec;

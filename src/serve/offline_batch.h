@@ -23,6 +23,10 @@ struct OfflineBatchOptions {
   std::string input;   // the batch input file (JSONL)
   std::string out;     // output folder: queue.sqlite, batch.json, output.jsonl, errors.jsonl
   int64_t slots = 8;   // scheduler slots; up to 2 * slots rows are leased at a time
+  // --shard i/N: this process runs the i-th of N contiguous blocks of the (whole, validated)
+  // input, so N machines (a SLURM array) split one file and their output.jsonl concatenate in
+  // shard order to the input order.
+  int shard_index = 0, shard_count = 1;
   model::Precision precision = model::Precision::BF16;
   int64_t max_tokens_limit = 4096;
   int64_t max_attempts = 3;     // leases of one row (a crash while it ran counts) before its error result
@@ -37,7 +41,7 @@ struct OfflineBatchOptions {
 };
 
 struct OfflineBatchSummary {
-  int64_t total = 0;        // rows in the input
+  int64_t total = 0;        // rows in the input (in this shard)
   int64_t completed = 0;    // status 200 (output.jsonl)
   int64_t failed = 0;       // the rest (errors.jsonl)
   int64_t run_now = 0;      // rows executed by this process (the rest were done by an earlier run)
