@@ -202,7 +202,11 @@ struct Scheduler::Impl {
     if (static_cast<int64_t>(queue.size()) >= opt.max_queue)
       throw QueueFullError(detail::concat("scheduler: the queue is full (", queue.size(), " requests waiting)"));
     const RequestId id = next_id++;
-    queue.push_back(Queued{id, std::move(r), std::move(obs)});
+    // Kept sorted by priority, FIFO within one: a request goes behind every waiting one of its
+    // priority or higher, so admission (from the front) needs no search.
+    auto pos = queue.end();
+    while (pos != queue.begin() && std::prev(pos)->req.priority < r.priority) --pos;
+    queue.insert(pos, Queued{id, std::move(r), std::move(obs)});
     ++in_flight;
     snap.queued = static_cast<int64_t>(queue.size());
     wake.notify_one();
@@ -258,7 +262,8 @@ struct Scheduler::Impl {
             ++it;
           }
         }
-        // FIFO: a request waits until it fits, and nothing overtakes it.
+        // In queue order (priority, then arrival): a request waits until it fits, and nothing
+        // behind it overtakes it.
         int64_t free_n = static_cast<int64_t>(free_slots.size());
         while (!queue.empty() && queue.front().req.n <= free_n) {
           free_n -= queue.front().req.n;

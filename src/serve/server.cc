@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -20,6 +21,7 @@
 #include "corelm/scheduler.h"
 #include "corelm/serve.h"
 #include "corelm/utf8.h"
+#include "serve/executor.h"
 #include "serve/metrics.h"
 #include "serve/request.h"
 
@@ -72,173 +74,19 @@ class HttpServer : public httplib::Server {
 // ---------------------------------------------------------------------------------------------
 // Models
 
-struct Loaded {
-  explicit Loaded(model::Checkpoint c) : ckpt(std::move(c)) {}
-  model::Checkpoint ckpt;
-  std::unique_ptr<infer::ChatTemplate> chat_template;
-  std::string chat_template_error;
-  std::vector<TokenId> eos_ids;       // every EOS id (checkpoint + tokenizer)
-  std::vector<TokenId> chat_stop_ids; // end-of-turn tokens the chat template emits
-  std::unique_ptr<infer::Scheduler> scheduler;  // declared last: destroyed before the model
-  ~Loaded() { scheduler.reset(); }
-};
-
 struct ModelEntry {
   std::string id, path;
   bool pinned = false;  // --model: loaded at start, never unloaded
   enum class State { Unloaded, Loading, Ready, Failed } state = State::Unloaded;
   std::string error;
-  std::shared_ptr<Loaded> loaded;
+  std::shared_ptr<LoadedModel> loaded;
   Clock::time_point last_used{};
 };
-
-std::shared_ptr<Loaded> load_one(const std::string& path, const ServeOptions& o) {
-  auto l = std::make_shared<Loaded>(model::load_model(path));
-  CORELM_CHECK(l->ckpt.model.tokenizer != nullptr, ValueError, path, ": the model has no tokenizer");
-  if (o.precision != model::Precision::F32) l->ckpt.model.decoder.prepare_inference(o.precision);
-  const Tokenizer& tok = *l->ckpt.model.tokenizer;
-  for (int64_t id : l->ckpt.eos_ids)
-    if (id >= 0 && static_cast<size_t>(id) < tok.vocab_size()) l->eos_ids.push_back(static_cast<TokenId>(id));
-  if (tok.eos_id()) l->eos_ids.push_back(*tok.eos_id());
-  // Chat templates end a turn with their own token; stop there too (when the vocabulary has it).
-  for (const char* t : {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "</s>"})
-    if (auto id = tok.token_to_id(t)) l->chat_stop_ids.push_back(*id);
-  if (!l->ckpt.eos_token.empty())
-    if (auto id = tok.token_to_id(l->ckpt.eos_token)) l->chat_stop_ids.push_back(*id);
-  try {
-    l->chat_template = std::make_unique<infer::ChatTemplate>(
-        l->ckpt.chat_template.empty() ? infer::ChatTemplate::default_source() : l->ckpt.chat_template);
-  } catch (const std::exception& e) {
-    // The model stays usable for completions; chat requests get this message as a 400.
-    l->chat_template_error = e.what();
-  }
-  infer::SchedulerOptions so;
-  so.slots = o.slots;
-  so.context = o.ctx;
-  so.max_queue = o.max_queue;
-  l->scheduler = std::make_unique<infer::Scheduler>(l->ckpt.model.decoder, tok, so);
-  return l;
-}
 
 bool is_model_path(const fs::path& p) {
   std::error_code ec;
   if (fs::is_directory(p, ec)) return fs::exists(p / "config.json", ec);
   return fs::is_regular_file(p, ec) && p.extension() == ".gguf";
-}
-
-// ---------------------------------------------------------------------------------------------
-// One HTTP request's generation state, shared by the observers of its prompts and the handler.
-
-struct TokenEvent {
-  int choice = 0;
-  bool finished = false;
-  TokenId token = 0;
-  std::string text, finish_reason;
-  bool has_logprob = false;
-  infer::TokenLogprob logprob;
-  std::vector<infer::TokenLogprob> top;
-};
-
-struct ChoiceResult {
-  std::string text, finish_reason;
-  int64_t completion_tokens = 0;
-  bool done = false;
-  std::vector<TokenEvent> logprobs;  // per token, when requested
-};
-
-struct RequestState {
-  std::mutex m;
-  std::condition_variable cv;
-  bool stream = false, want_logprobs = false;
-  int n = 1;
-  int finished = 0, total = 0;
-  std::string error;               // a failed request (on_error)
-  std::deque<TokenEvent> events;   // stream: waiting to be written
-  std::vector<ChoiceResult> choices;
-  std::vector<Clock::time_point> last_token;
-  std::vector<bool> got_token;
-  Clock::time_point start = Clock::now();
-  Metrics* metrics = nullptr;
-  std::vector<infer::RequestId> ids;  // scheduler requests, for cancel
-  bool all_done() const { return finished >= total || !error.empty(); }
-};
-
-class Observer : public infer::RequestObserver {
- public:
-  Observer(std::shared_ptr<RequestState> st, int prompt_index) : st_(std::move(st)), base_(prompt_index * st_->n) {}
-  void on_token(int index, TokenId token, const std::string& text, const infer::TokenLogprob* lp,
-                const std::vector<infer::TokenLogprob>* top) override {
-    const int c = base_ + index;
-    const auto now = Clock::now();
-    std::lock_guard<std::mutex> lock(st_->m);
-    if (c < 0 || c >= st_->total) return;
-    if (!st_->got_token[c]) st_->metrics->ttft.observe(std::chrono::duration<double>(now - st_->start).count());
-    else st_->metrics->inter_token.observe(std::chrono::duration<double>(now - st_->last_token[c]).count());
-    st_->got_token[c] = true;
-    st_->last_token[c] = now;
-    st_->metrics->add_generated_token();
-    TokenEvent e;
-    e.choice = c;
-    e.token = token;
-    e.text = text;
-    if (lp && st_->want_logprobs) {
-      e.has_logprob = true;
-      e.logprob = *lp;
-      if (top) e.top = *top;
-    }
-    if (st_->stream) {
-      st_->events.push_back(std::move(e));
-    } else {
-      if (e.has_logprob) st_->choices[c].logprobs.push_back(std::move(e));
-    }
-    st_->cv.notify_all();
-  }
-  void on_finished(int index, const std::string& finish_reason, const std::string& text,
-                   int64_t completion_tokens) override {
-    const int c = base_ + index;
-    std::lock_guard<std::mutex> lock(st_->m);
-    if (c < 0 || c >= st_->total || st_->choices[c].done) return;
-    auto& r = st_->choices[c];
-    r.done = true;
-    r.text = text;
-    r.finish_reason = finish_reason;
-    r.completion_tokens = completion_tokens;
-    ++st_->finished;
-    if (st_->stream) {
-      TokenEvent e;
-      e.choice = c;
-      e.finished = true;
-      e.finish_reason = finish_reason;
-      st_->events.push_back(std::move(e));
-    }
-    st_->cv.notify_all();
-  }
-  void on_error(const std::string& message) override {
-    std::lock_guard<std::mutex> lock(st_->m);
-    st_->error = message.empty() ? "generation failed" : message;
-    st_->cv.notify_all();
-  }
-
- private:
-  std::shared_ptr<RequestState> st_;
-  int base_;
-};
-
-std::string random_hex(size_t n) {
-  static std::mutex m;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard<std::mutex> lock(m);
-  static const char* d = "0123456789abcdef";
-  std::string s(n, '0');
-  for (auto& ch : s) ch = d[rng() & 15];
-  return s;
-}
-
-uint64_t random_seed() {
-  static std::mutex m;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard<std::mutex> lock(m);
-  return rng();
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -334,10 +182,10 @@ struct Server::Impl {
   void load_pinned() {
     for (const auto& p : o.models) {
       const std::string id = model_id_for_path(p);
-      std::shared_ptr<Loaded> l;
+      std::shared_ptr<LoadedModel> l;
       std::string err;
       try {
-        l = load_one(p, o);
+        l = load_model_for_serving(p, o);
       } catch (const std::exception& e) {
         err = e.what();
       }
@@ -363,7 +211,7 @@ struct Server::Impl {
   }
 
   // The model, loading it first when it is a --models-dir model not loaded yet.
-  std::variant<std::shared_ptr<Loaded>, ApiError> acquire(const std::string& id) {
+  std::variant<std::shared_ptr<LoadedModel>, ApiError> acquire(const std::string& id) {
     std::unique_lock<std::mutex> lock(models_m);
     auto it = models.find(id);
     if (it == models.end()) return ApiError{404, "The model '" + id + "' does not exist", "invalid_request_error", "model", "model_not_found"};
@@ -403,7 +251,7 @@ struct Server::Impl {
         models_cv.wait_for(lock, std::chrono::milliseconds(10));
         continue;  // the states may have changed meanwhile: check again from the top
       }
-      std::shared_ptr<Loaded> drop = std::move(victim->loaded);
+      std::shared_ptr<LoadedModel> drop = std::move(victim->loaded);
       victim->state = ModelEntry::State::Unloaded;
       std::fprintf(stderr, "corelm: unloaded model '%s' (least recently used)\n", victim->id.c_str());
       lock.unlock();
@@ -413,10 +261,10 @@ struct Server::Impl {
     e.state = ModelEntry::State::Loading;
     const std::string path = e.path;
     lock.unlock();
-    std::shared_ptr<Loaded> l;
+    std::shared_ptr<LoadedModel> l;
     std::string err;
     try {
-      l = load_one(path, o);
+      l = load_model_for_serving(path, o);
     } catch (const std::exception& ex) {
       err = ex.what();
     }
@@ -435,9 +283,9 @@ struct Server::Impl {
     return l;
   }
 
-  std::vector<std::pair<std::string, std::shared_ptr<Loaded>>> loaded_models() const {
+  std::vector<std::pair<std::string, std::shared_ptr<LoadedModel>>> loaded_models() const {
     std::lock_guard<std::mutex> lock(models_m);
-    std::vector<std::pair<std::string, std::shared_ptr<Loaded>>> out;
+    std::vector<std::pair<std::string, std::shared_ptr<LoadedModel>>> out;
     for (const auto& [id, e] : models)
       if (e.state == ModelEntry::State::Ready && e.loaded) out.emplace_back(id, e.loaded);
     return out;
@@ -572,7 +420,7 @@ struct Server::Impl {
       const auto& r = std::get<TokenizeRequest>(p);
       auto a = acquire(r.model);
       if (auto* e = std::get_if<ApiError>(&a)) return send_error(res, *e);
-      const auto& l = std::get<std::shared_ptr<Loaded>>(a);
+      const auto& l = std::get<std::shared_ptr<LoadedModel>>(a);
       const Tokenizer& tok = *l->ckpt.model.tokenizer;
       EncodeOptions eo;
       eo.add_special = r.add_special;
@@ -597,7 +445,7 @@ struct Server::Impl {
       const auto& r = std::get<DetokenizeRequest>(p);
       auto a = acquire(r.model);
       if (auto* e = std::get_if<ApiError>(&a)) return send_error(res, *e);
-      const auto& l = std::get<std::shared_ptr<Loaded>>(a);
+      const auto& l = std::get<std::shared_ptr<LoadedModel>>(a);
       const Tokenizer& tok = *l->ckpt.model.tokenizer;
       for (size_t i = 0; i < r.tokens.size(); ++i)
         if (static_cast<size_t>(r.tokens[i]) >= tok.vocab_size())
@@ -615,210 +463,51 @@ struct Server::Impl {
   }
 
   // -------------------------------------------------------------------------------------------
-  std::shared_ptr<const infer::Grammar> grammar_for(const ParsedRequest& r) {
-    switch (r.format) {
-      case OutputFormat::Text: return nullptr;
-      case OutputFormat::JsonObject: return infer::Grammar::json_object();
-      case OutputFormat::JsonSchema: return infer::Grammar::json_schema(r.schema);
-      case OutputFormat::Regex: return infer::Grammar::regex(r.regex);
-      case OutputFormat::Choices: return infer::Grammar::choices(r.choices);
-    }
-    return nullptr;
-  }
-
-  json logprobs_json(const ParsedRequest& r, const Tokenizer& tok, const std::vector<TokenEvent>& events) {
-    if (r.top_logprobs < 0) return nullptr;
-    if (r.endpoint == Endpoint::ChatCompletions) {
-      json content = json::array();
-      for (const auto& e : events) {
-        const std::string t = token_text(tok, e.token);
-        json top = json::array();
-        for (const auto& alt : e.top) {
-          const std::string at = token_text(tok, alt.token);
-          top.push_back({{"token", at}, {"logprob", alt.logprob}, {"bytes", bytes_of(at)}});
-        }
-        content.push_back({{"token", t}, {"logprob", e.logprob.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
-      }
-      return {{"content", content}};
-    }
-    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-    int64_t off = 0;
-    for (const auto& e : events) {
-      const std::string t = token_text(tok, e.token);
-      tokens.push_back(t);
-      lps.push_back(e.logprob.logprob);
-      json top = json::object();
-      for (const auto& alt : e.top) top[token_text(tok, alt.token)] = alt.logprob;
-      tops.push_back(top);
-      offsets.push_back(off);
-      off += static_cast<int64_t>(t.size());
-    }
-    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
-  }
-
-  static std::string finish_for_api(const std::string& f) { return f == "length" ? "length" : "stop"; }
-
   void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
     auto parsed = parse_request(endpoint, req.body, limits(), ids);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
     ParsedRequest r = std::move(std::get<ParsedRequest>(parsed));
     auto acquired = acquire(r.model);
     if (auto* e = std::get_if<ApiError>(&acquired)) return send_error(res, *e);
-    std::shared_ptr<Loaded> l = std::get<std::shared_ptr<Loaded>>(acquired);
-    const Tokenizer& tok = *l->ckpt.model.tokenizer;
-    const int64_t context = l->scheduler->context();
+    std::shared_ptr<LoadedModel> l = std::get<std::shared_ptr<LoadedModel>>(acquired);
+
+    if (!r.stream) {
+      ++active;
+      struct Release {
+        std::atomic<int64_t>& a;
+        ~Release() { --a; }
+      } release{active};
+      ExecOptions eo;
+      eo.limits = limits();
+      eo.max_tokens_limit = o.max_tokens_limit;
+      eo.priority = infer::SequenceRequest::kInteractive;
+      eo.metrics = &metrics;
+      // execute() answers on the scheduler thread; this handler thread waits for it.
+      auto result = std::make_shared<std::promise<ExecResult>>();
+      auto fut = result->get_future();
+      execute_parsed(*l, std::move(r), eo, [result](ExecResult x) { result->set_value(std::move(x)); });
+      ExecResult out = fut.get();
+      res.status = out.status;
+      if (out.status == 429 || out.status == 503) res.set_header("Retry-After", "1");
+      res.set_content(dump(out.body), "application/json");
+      return;
+    }
+
+    auto prepared = prepare_request(*l, std::move(r));
+    if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(res, *e);
+    PreparedRequest p = std::move(std::get<PreparedRequest>(prepared));
+    auto st = make_request_state(p, true, &metrics);
+    const uint64_t seed = p.r.seed_given ? p.r.seed : random_seed();
+    if (auto e = submit_prepared(*l, p, seed, infer::SequenceRequest::kInteractive, o.max_tokens_limit, st))
+      return send_error(res, *e);
     const bool chat = endpoint == Endpoint::ChatCompletions;
-
-    // Prompts -> ids.
-    std::vector<std::vector<TokenId>> prompts;
-    if (chat) {
-      if (!l->chat_template)
-        return send_error(res, api_error(400, "the model's chat template cannot be used: " + l->chat_template_error, "messages",
-                                         "unsupported_chat_template"));
-      std::string text;
-      try {
-        text = l->chat_template->apply(r.messages, true, l->ckpt.bos_token, l->ckpt.eos_token);
-      } catch (const std::exception& e) {
-        return send_error(res, api_error(400, std::string("the chat template failed: ") + e.what(), "messages", "chat_template_error"));
-      }
-      EncodeOptions eo;
-      eo.add_special = false;   // the template writes BOS itself where the model wants one
-      eo.parse_special = true;  // its <|im_start|>-style markers are special tokens
-      prompts.push_back(tok.encode(text, eo));
-    } else {
-      for (size_t i = 0; i < r.prompts.size(); ++i) {
-        const Prompt& p = r.prompts[i];
-        if (p.is_ids) {
-          for (TokenId t : p.ids)
-            if (static_cast<size_t>(t) >= tok.vocab_size())
-              return send_error(res, api_error(400, "'prompt': token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                                        std::to_string(tok.vocab_size()) + ")", "prompt"));
-          prompts.push_back(p.ids);
-        } else {
-          EncodeOptions eo;
-          eo.add_special = true;
-          prompts.push_back(tok.encode(p.text, eo));
-        }
-      }
-    }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      auto& ids_i = prompts[i];
-      if (ids_i.empty()) {
-        if (tok.bos_id()) ids_i.push_back(*tok.bos_id());
-        else if (tok.eos_id()) ids_i.push_back(*tok.eos_id());
-        else return send_error(res, api_error(400, "the prompt is empty and the tokenizer has no BOS token to start from", chat ? "messages" : "prompt"));
-      }
-      if (static_cast<int64_t>(ids_i.size()) >= context)
-        return send_error(res, api_error(400, std::string(chat ? "the rendered messages are " : "the prompt") +
-                                                  (prompts.size() > 1 ? " " + std::to_string(i) : "") + (chat ? "" : " is ") +
-                                                  std::to_string(ids_i.size()) + " tokens; the context is " +
-                                                  std::to_string(context) + " tokens (at least one must be left to generate)",
-                                         chat ? "messages" : "prompt", "context_length_exceeded"));
-    }
-    if (r.max_tokens && *r.max_tokens >= context)
-      return send_error(res, api_error(400, "'max_tokens' " + std::to_string(*r.max_tokens) + " does not fit the context of " +
-                                                std::to_string(context) + " tokens", "max_tokens"));
-    for (const auto& [id, bias] : r.logit_bias)
-      if (static_cast<size_t>(id) >= tok.vocab_size())
-        return send_error(res, api_error(400, "'logit_bias': token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                                  std::to_string(tok.vocab_size()) + ")", "logit_bias"));
-    std::shared_ptr<const infer::Grammar> grammar;
-    try {
-      grammar = grammar_for(r);
-    } catch (const std::exception& e) {
-      const char* param = r.format == OutputFormat::Regex ? "regex" : r.format == OutputFormat::Choices ? "choices" : "response_format";
-      return send_error(res, api_error(400, e.what(), param, "unsupported_grammar"));
-    }
-
-    auto st = std::make_shared<RequestState>();
-    st->stream = r.stream;
-    st->want_logprobs = r.top_logprobs >= 0;
-    st->n = r.n;
-    st->total = static_cast<int>(prompts.size()) * r.n;
-    st->choices.resize(st->total);
-    st->last_token.resize(st->total);
-    st->got_token.assign(st->total, false);
-    st->metrics = &metrics;
-    const uint64_t seed = r.seed_given ? r.seed : random_seed();
-    int64_t prompt_tokens = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      infer::SequenceRequest sr;
-      sr.prompt = prompts[i];
-      prompt_tokens += static_cast<int64_t>(sr.prompt.size());
-      const int64_t room = context - static_cast<int64_t>(sr.prompt.size());
-      const int64_t def = chat ? std::min<int64_t>(o.max_tokens_limit, room) : 16;
-      sr.max_new_tokens = std::min<int64_t>(r.max_tokens.value_or(def), room);
-      sr.n = r.n;
-      // Each prompt of a list draws its own streams (seed + i*n + k), so prompts do not share samples.
-      sr.seed = seed + static_cast<uint64_t>(i) * static_cast<uint64_t>(r.n);
-      sr.sampling.temperature = r.temperature;
-      sr.sampling.top_p = r.top_p;
-      sr.presence_penalty = r.presence_penalty;
-      sr.frequency_penalty = r.frequency_penalty;
-      sr.logit_bias = r.logit_bias;
-      sr.stop = r.stop;
-      sr.eos_ids = l->eos_ids;
-      if (chat) sr.eos_ids.insert(sr.eos_ids.end(), l->chat_stop_ids.begin(), l->chat_stop_ids.end());
-      sr.top_logprobs = r.top_logprobs;
-      sr.grammar = grammar;
-      try {
-        st->ids.push_back(l->scheduler->submit(std::move(sr), std::make_shared<Observer>(st, static_cast<int>(i))));
-      } catch (const std::exception& e) {
-        for (auto id : st->ids) l->scheduler->cancel(id);
-        if (dynamic_cast<const infer::QueueFullError*>(&e))
-          return send_error(res, api_error(429, std::string("the server is busy (queue full): ") + e.what(), "", "queue_full"));
-        if (dynamic_cast<const infer::DrainingError*>(&e))
-          return send_error(res, api_error(503, "the server is shutting down", "", "draining"));
-        if (dynamic_cast<const ValueError*>(&e)) return send_error(res, api_error(400, e.what()));
-        return send_error(res, api_error(500, e.what()));
-      }
-    }
-    metrics.add_prompt_tokens(static_cast<uint64_t>(prompt_tokens));
-
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
     const int64_t created_at = std::chrono::duration_cast<std::chrono::seconds>(
                                    std::chrono::system_clock::now().time_since_epoch()).count();
-    if (r.stream) return stream_response(std::move(r), std::move(l), st, id, created_at, prompt_tokens, res);
-
-    ++active;
-    struct Release {
-      std::atomic<int64_t>& a;
-      ~Release() { --a; }
-    } release{active};
-    {
-      std::unique_lock<std::mutex> lock(st->m);
-      st->cv.wait(lock, [&] { return st->all_done(); });
-    }
-    if (!st->error.empty()) {
-      for (auto rid : st->ids) l->scheduler->cancel(rid);
-      return send_error(res, api_error(500, "generation failed: " + st->error));
-    }
-    json choices = json::array();
-    int64_t completion_tokens = 0;
-    for (int c = 0; c < st->total; ++c) {
-      const auto& ch = st->choices[c];
-      if (ch.finish_reason == "cancelled" || ch.finish_reason == "error")
-        return send_error(res, api_error(ch.finish_reason == "cancelled" ? 503 : 500, "generation " + ch.finish_reason));
-      completion_tokens += ch.completion_tokens;
-      json lp = logprobs_json(r, tok, ch.logprobs);
-      if (chat)
-        choices.push_back({{"index", c}, {"message", {{"role", "assistant"}, {"content", ch.text}}}, {"logprobs", lp},
-                           {"finish_reason", finish_for_api(ch.finish_reason)}});
-      else
-        choices.push_back({{"index", c}, {"text", ch.text}, {"logprobs", lp}, {"finish_reason", finish_for_api(ch.finish_reason)}});
-    }
-    json out = {{"id", id},
-                {"object", chat ? "chat.completion" : "text_completion"},
-                {"created", created_at},
-                {"model", r.model},
-                {"choices", choices},
-                {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
-                           {"total_tokens", prompt_tokens + completion_tokens}}}};
-    if (chat) out["system_fingerprint"] = "corelm";
-    res.set_content(dump(out), "application/json");
+    stream_response(std::move(p.r), std::move(l), st, id, created_at, p.prompt_tokens, res);
   }
 
-  void stream_response(ParsedRequest r, std::shared_ptr<Loaded> l, std::shared_ptr<RequestState> st, const std::string& id,
+  void stream_response(ParsedRequest r, std::shared_ptr<LoadedModel> l, std::shared_ptr<RequestState> st, const std::string& id,
                        int64_t created_at, int64_t prompt_tokens, httplib::Response& res) {
     ++active;
     const bool chat = r.endpoint == Endpoint::ChatCompletions;

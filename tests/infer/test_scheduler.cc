@@ -342,6 +342,49 @@ TEST_F(SchedulerTest, CancelQueuedAndRunning) {
   s.cancel(12345);
 }
 
+// Waiting requests are admitted by priority, FIFO within one: with one slot held, low-priority
+// requests queued first still start after high-priority ones queued later.
+TEST_F(SchedulerTest, HigherPriorityIsAdmittedFirstFifoWithinAPriority) {
+  SchedulerOptions o = small_options();
+  o.slots = 1;
+  Scheduler s(*model_, *tokenizer_, o);
+  auto blocker = std::make_shared<Recorder>();
+  blocker->block_first_token = true;  // holds the only slot until released
+  s.submit(greedy(prompt(5, 1), 3), blocker);
+  const auto until = std::chrono::steady_clock::now() + 20s;  // admitted: it holds the slot now
+  while (s.stats().queued != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(s.stats().queued, 0);
+  std::mutex order_mu;
+  std::vector<std::string> order;
+  struct Tagged : Recorder {
+    Tagged(std::string t, std::mutex& m, std::vector<std::string>& o) : tag(std::move(t)), mu_(m), order_(o) {}
+    void on_prefilled(int64_t p, int64_t c) override {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        order_.push_back(tag);
+      }
+      Recorder::on_prefilled(p, c);
+    }
+    std::string tag;
+    std::mutex& mu_;
+    std::vector<std::string>& order_;
+  };
+  std::vector<std::shared_ptr<Tagged>> recs;
+  const std::vector<std::pair<std::string, int>> plan = {{"q1", SequenceRequest::kQueued}, {"q2", SequenceRequest::kQueued},
+                                                         {"i1", SequenceRequest::kInteractive}, {"q3", SequenceRequest::kQueued},
+                                                         {"i2", SequenceRequest::kInteractive}, {"x", 5}};
+  for (size_t k = 0; k < plan.size(); ++k) {
+    SequenceRequest r = greedy(prompt(4, 10 + k), 2);
+    r.priority = plan[k].second;
+    recs.push_back(std::make_shared<Tagged>(plan[k].first, order_mu, order));
+    s.submit(r, recs.back());
+  }
+  blocker->release();
+  ASSERT_TRUE(blocker->wait());
+  for (auto& r : recs) ASSERT_TRUE(r->wait());
+  EXPECT_EQ(order, (std::vector<std::string>{"x", "i1", "i2", "q1", "q2", "q3"}));
+}
+
 TEST_F(SchedulerTest, ChunkedPrefillMatchesAnUnchunkedBudget) {
   const SequenceRequest r = sampled(prompt(45, 77), 12, 4);
   SchedulerOptions chunked = small_options();
