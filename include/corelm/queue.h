@@ -8,6 +8,7 @@
 // See docs/SERVING.md, "Persistent queue (library)".
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,56 @@ struct Counts {
   int64_t total() const { return queued + running + done + failed + cancelled; }
 };
 
+// ---- Files and batches (the OpenAI Files/Batches API's state; HTTP lives in src/serve) --------
+
+// An unknown file or batch id (the server answers 404).
+class NotFoundError : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class FileKind { upload, output, error };  // output / error: rendered from a batch's results
+struct FileInfo {
+  std::string id;        // "file-<24 hex>"
+  std::string purpose;   // "batch" (uploads) or "batch_output"
+  std::string filename;
+  int64_t bytes = 0;
+  double created_at = 0;
+  FileKind kind = FileKind::upload;
+  std::optional<std::string> batch_id;  // output / error files: their batch
+};
+
+enum class BatchStatus { validating, failed, in_progress, finalizing, completed, expired, cancelling, cancelled };
+const char* to_string(BatchStatus s);
+bool is_terminal(BatchStatus s);  // failed, completed, expired, cancelled
+
+struct BatchCounts {
+  int64_t total = 0;
+  int64_t completed = 0;  // done with status 200
+  int64_t failed = 0;     // failed, done with another status, or cancelled / expired unrun
+};
+
+struct BatchInfo {
+  std::string id;  // "batch_<24 hex>"
+  std::string input_file_id, endpoint, completion_window;
+  std::string metadata;  // JSON text ("" -> null)
+  std::string errors;    // JSON text ("" -> null)
+  BatchStatus status = BatchStatus::validating;
+  std::optional<std::string> output_file_id, error_file_id;
+  double created_at = 0;
+  std::optional<double> in_progress_at, expires_at, finalizing_at, completed_at, failed_at, expired_at,
+      cancelling_at, cancelled_at;
+  BatchCounts counts;
+};
+
+// One request row of a batch with its result, as for_each_result() streams them.
+struct BatchRow {
+  RequestId id = 0;
+  std::string custom_id;
+  RequestState state = RequestState::queued;
+  std::optional<Result> result;
+};
+
 // The queue file under a state dir.
 std::string queue_path(const std::string& state_dir);
 
@@ -155,6 +206,47 @@ class Queue {
   Counts counts(const std::string& batch_id) const;
   // Queued requests of the batch become cancelled (running ones finish); returns how many.
   int64_t cancel_batch(const std::string& batch_id);
+
+  // ---- Files ----
+  // An uploaded file (content stored in the queue file). StorageFullError when it does not fit.
+  FileInfo add_file(const std::string& purpose, const std::string& filename, const std::string& content);
+  std::optional<FileInfo> get_file(const std::string& id) const;
+  // An upload's content; nullopt for an unknown id or an output / error file (those are rendered
+  // from for_each_result by the caller).
+  std::optional<std::string> file_content(const std::string& id) const;
+  // Removes the file; false when unknown. Deleting the last remaining output / error file of a
+  // batch also deletes that batch's requests and results (the stored work is then gone).
+  bool delete_file(const std::string& id);
+  // Newest first; `after`: a file id, list those older than it (OpenAI's cursor); limit 1..100000.
+  std::vector<FileInfo> list_files(const std::optional<std::string>& after = std::nullopt, int64_t limit = 10000) const;
+
+  // ---- Batches ----
+  // A batch in status validating. ValueError: bad endpoint or completion_window ("<N>h", 1 <= N
+  // <= 8760), metadata not a JSON object or null; NotFoundError: no such upload; ValueError when
+  // the file's purpose is not "batch".
+  BatchInfo create_batch(const std::string& input_file_id, const std::string& endpoint,
+                         const std::string& completion_window, const std::string& metadata_json = "");
+  std::optional<BatchInfo> get_batch(const std::string& id) const;
+  // Newest first, `after` as list_files; limit 1..1000.
+  std::vector<BatchInfo> list_batches(const std::optional<std::string>& after = std::nullopt, int64_t limit = 20) const;
+  // Enqueues every request (batch_id set to the batch) and moves validating -> in_progress, in
+  // one transaction. false (nothing enqueued) when the batch is no longer validating: another
+  // process started, failed or cancelled it first. QueueFullError as enqueue_many.
+  bool start_batch(const std::string& batch_id, std::vector<NewRequest> requests);
+  // validating | in_progress -> failed with `errors_json` ({"object":"list","data":[...]}).
+  bool fail_batch(const std::string& batch_id, const std::string& errors_json);
+  // `from` -> `to` as one conditional UPDATE that also sets to's *_at; false when the batch was
+  // not in `from` (another process moved it first) or is unknown.
+  bool transition_batch(const std::string& batch_id, BatchStatus from, BatchStatus to);
+  // `from` -> `to` (completed, cancelled or expired) creating the output file (when
+  // output_bytes >= 0) and the error file (when error_bytes >= 0) in the same transaction.
+  bool finish_batch(const std::string& batch_id, BatchStatus from, BatchStatus to, int64_t output_bytes,
+                    int64_t error_bytes);
+  // Batches in one status, oldest first (the monitor's work list).
+  std::vector<std::string> batches_in(BatchStatus status) const;
+  // The batch's done, failed and cancelled rows in id order, fetched in pages (memory does not
+  // grow with the batch; the queue is not locked while `f` runs). `f` returns false to stop.
+  void for_each_result(const std::string& batch_id, const std::function<bool(const BatchRow&)>& f) const;
 
  private:
   struct Impl;

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <random>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -106,8 +108,9 @@ CREATE TRIGGER requests_count_delete AFTER DELETE ON requests BEGIN
 )sql";
 
 // v1 -> v2: the endpoint of each request (chat vs completions bodies), the OpenAI batch
-// lifecycle timestamps, and the link from an output / error file to its batch (their content is
-// rendered from the results, never stored).
+// lifecycle timestamps, the link from an output / error file to its batch (their content is
+// rendered from the results, never stored), and a batch's request counts frozen when it ends
+// (so a finished batch reads in O(1) and keeps its counts after its rows are purged).
 const char* kMigrateV1toV2 = R"sql(
 ALTER TABLE requests ADD COLUMN endpoint TEXT NOT NULL DEFAULT '/v1/completions';
 ALTER TABLE files ADD COLUMN batch_id TEXT;
@@ -123,6 +126,11 @@ ALTER TABLE batches ADD COLUMN cancelled_at REAL;
 CREATE INDEX files_created ON files(created_at, id);
 CREATE INDEX batches_created ON batches(created_at, id);
 CREATE INDEX batches_status ON batches(status);
+ALTER TABLE batches ADD COLUMN request_total INTEGER;
+ALTER TABLE batches ADD COLUMN request_completed INTEGER;
+ALTER TABLE batches ADD COLUMN request_failed INTEGER;
+CREATE INDEX files_batch ON files(batch_id) WHERE batch_id IS NOT NULL;
+CREATE INDEX requests_batch_order ON requests(batch_id, id) WHERE batch_id IS NOT NULL;
 )sql";
 
 }  // namespace
@@ -441,6 +449,11 @@ struct Queue::Impl {
   }
 
   void mark_done(RequestId id, const Result& result, double t);
+  FileInfo file_row(sqlite3_stmt* st) const;
+  BatchInfo batch_row(sqlite3_stmt* st) const;
+  BatchCounts batch_counts(const std::string& batch_id) const;
+  bool set_status(const std::string& id, BatchStatus from, BatchStatus to, double t);
+  std::optional<BatchInfo> find_batch(const std::string& id) const;
   int64_t check_identity() const;
   void migrate();
 };
@@ -715,6 +728,519 @@ int64_t Queue::cancel_batch(const std::string& batch_id) {
     q.run(st);
     return static_cast<int64_t>(sqlite3_changes(q.db));
   });
+}
+
+}  // namespace corelm::queue
+
+// ---- Files and batches ----------------------------------------------------------------------
+
+namespace corelm::queue {
+namespace {
+
+std::string random_hex(size_t n) {
+  static thread_local std::mt19937_64 rng{std::random_device{}() ^
+                                          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+  static const char* digits = "0123456789abcdef";
+  std::string out(n, '0');
+  for (char& c : out) c = digits[rng() & 15];
+  return out;
+}
+
+const char* kind_name(FileKind k) {
+  switch (k) {
+    case FileKind::upload: return "upload";
+    case FileKind::output: return "output";
+    case FileKind::error: return "error";
+  }
+  return "upload";
+}
+
+FileKind parse_kind(const std::string& s) {
+  if (s == "output") return FileKind::output;
+  if (s == "error") return FileKind::error;
+  return FileKind::upload;
+}
+
+BatchStatus parse_batch_status(const std::string& s, const std::string& path) {
+  static const std::pair<const char*, BatchStatus> all[] = {
+      {"validating", BatchStatus::validating}, {"failed", BatchStatus::failed},
+      {"in_progress", BatchStatus::in_progress}, {"finalizing", BatchStatus::finalizing},
+      {"completed", BatchStatus::completed},   {"expired", BatchStatus::expired},
+      {"cancelling", BatchStatus::cancelling}, {"cancelled", BatchStatus::cancelled}};
+  for (const auto& [name, st] : all)
+    if (s == name) return st;
+  throw FormatError("queue " + path + ": unknown batch status '" + s + "'");
+}
+
+// The *_at column a status sets when a batch enters it (validating has created_at).
+const char* status_time_column(BatchStatus s) {
+  switch (s) {
+    case BatchStatus::validating: return nullptr;
+    case BatchStatus::failed: return "failed_at";
+    case BatchStatus::in_progress: return "in_progress_at";
+    case BatchStatus::finalizing: return "finalizing_at";
+    case BatchStatus::completed: return "completed_at";
+    case BatchStatus::expired: return "expired_at";
+    case BatchStatus::cancelling: return "cancelling_at";
+    case BatchStatus::cancelled: return "cancelled_at";
+  }
+  return nullptr;
+}
+
+std::optional<double> opt_real(sqlite3_stmt* st, int col) {
+  if (sqlite3_column_type(st, col) == SQLITE_NULL) return std::nullopt;
+  return sqlite3_column_double(st, col);
+}
+
+}  // namespace
+
+const char* to_string(BatchStatus s) {
+  switch (s) {
+    case BatchStatus::validating: return "validating";
+    case BatchStatus::failed: return "failed";
+    case BatchStatus::in_progress: return "in_progress";
+    case BatchStatus::finalizing: return "finalizing";
+    case BatchStatus::completed: return "completed";
+    case BatchStatus::expired: return "expired";
+    case BatchStatus::cancelling: return "cancelling";
+    case BatchStatus::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+bool is_terminal(BatchStatus s) {
+  return s == BatchStatus::failed || s == BatchStatus::completed || s == BatchStatus::expired ||
+         s == BatchStatus::cancelled;
+}
+
+// ---- Impl helpers (under mu) ----
+
+FileInfo Queue::Impl::file_row(sqlite3_stmt* st) const {
+  FileInfo f;
+  f.id = text(st, 0);
+  f.purpose = text(st, 1);
+  f.filename = text(st, 2);
+  f.bytes = sqlite3_column_int64(st, 3);
+  f.created_at = sqlite3_column_double(st, 4);
+  f.kind = parse_kind(text(st, 5));
+  f.batch_id = opt_text(st, 6);
+  return f;
+}
+
+BatchCounts Queue::Impl::batch_counts(const std::string& batch_id) const {
+  sqlite3_stmt* st = stmt(
+      "SELECT COUNT(*), COALESCE(SUM(r.state = 'done' AND s.status_code = 200), 0), "
+      "COALESCE(SUM(r.state IN ('failed','cancelled') OR (r.state = 'done' AND s.status_code <> 200)), 0) "
+      "FROM requests r LEFT JOIN results s ON s.request_id = r.id WHERE r.batch_id = ?");
+  bind(st, 1, batch_id);
+  BatchCounts c;
+  if (step(st)) c = {sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1), sqlite3_column_int64(st, 2)};
+  sqlite3_reset(st);
+  return c;
+}
+
+// Reads one batches row (find_batch's columns); a finished batch's counts are the frozen ones.
+BatchInfo Queue::Impl::batch_row(sqlite3_stmt* st) const {
+  BatchInfo b;
+  b.id = text(st, 0);
+  b.input_file_id = text(st, 1);
+  b.endpoint = text(st, 2);
+  b.completion_window = text(st, 3);
+  b.metadata = text(st, 4);
+  b.status = parse_batch_status(text(st, 5), path);
+  b.output_file_id = opt_text(st, 6);
+  b.error_file_id = opt_text(st, 7);
+  b.errors = text(st, 8);
+  b.created_at = sqlite3_column_double(st, 9);
+  b.in_progress_at = opt_real(st, 10);
+  b.expires_at = opt_real(st, 11);
+  b.finalizing_at = opt_real(st, 12);
+  b.completed_at = opt_real(st, 13);
+  b.failed_at = opt_real(st, 14);
+  b.expired_at = opt_real(st, 15);
+  b.cancelling_at = opt_real(st, 16);
+  b.cancelled_at = opt_real(st, 17);
+  if (sqlite3_column_type(st, 18) != SQLITE_NULL)
+    b.counts = {sqlite3_column_int64(st, 18), sqlite3_column_int64(st, 19), sqlite3_column_int64(st, 20)};
+  else
+    b.counts.total = -1;  // filled by the caller after the statement is reset
+  return b;
+}
+
+// The conditional UPDATE every transition is: it happens only when the batch is still in `from`,
+// so two monitors racing on one batch move it once. Entering a final status freezes the counts.
+bool Queue::Impl::set_status(const std::string& id, BatchStatus from, BatchStatus to, double t) {
+  std::string sql = std::string("UPDATE batches SET status = ?, updated_at = ?") +
+                    (status_time_column(to) ? std::string(", ") + status_time_column(to) + " = ?" : std::string()) +
+                    " WHERE id = ? AND status = ?";
+  sqlite3_stmt* st = nullptr;
+  int rc = sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr);
+  if (rc != SQLITE_OK) raise(rc, "prepare");
+  int i = 1;
+  bind(st, i++, std::string(to_string(to)));
+  bind(st, i++, t);
+  if (status_time_column(to)) bind(st, i++, t);
+  bind(st, i++, id);
+  bind(st, i++, std::string(to_string(from)));
+  rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) raise(rc, "batch " + id + ": " + to_string(from) + " -> " + to_string(to));
+  if (sqlite3_changes(db) == 0) return false;
+  if (is_terminal(to)) {
+    BatchCounts c = batch_counts(id);
+    sqlite3_stmt* u = stmt(
+        "UPDATE batches SET request_total = ?, request_completed = ?, request_failed = ? WHERE id = ?");
+    bind(u, 1, c.total);
+    bind(u, 2, c.completed);
+    bind(u, 3, c.failed);
+    bind(u, 4, id);
+    run(u);
+  }
+  return true;
+}
+
+std::optional<BatchInfo> Queue::Impl::find_batch(const std::string& id) const {
+  sqlite3_stmt* st = stmt(
+      "SELECT id, input_file_id, endpoint, completion_window, metadata, status, output_file_id, error_file_id, errors, "
+      "created_at, in_progress_at, expires_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, "
+      "cancelled_at, request_total, request_completed, request_failed FROM batches WHERE id = ?");
+  bind(st, 1, id);
+  if (!step(st)) {
+    sqlite3_reset(st);
+    return std::nullopt;
+  }
+  BatchInfo b = batch_row(st);
+  sqlite3_reset(st);
+  if (b.counts.total < 0) b.counts = batch_counts(b.id);
+  return b;
+}
+
+// ---- Files ----
+
+FileInfo Queue::add_file(const std::string& purpose, const std::string& filename, const std::string& content) {
+  if (purpose.empty()) throw ValueError("queue: add_file: purpose is empty");
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  FileInfo f;
+  f.id = "file-" + random_hex(24);
+  f.purpose = purpose;
+  f.filename = filename;
+  f.bytes = static_cast<int64_t>(content.size());
+  f.created_at = now_seconds();
+  q.write([&] {
+    sqlite3_stmt* st = q.stmt(
+        "INSERT INTO files(id, purpose, filename, bytes, content, status, created_at, kind) "
+        "VALUES(?,?,?,?,?,'processed',?,'upload')");
+    q.bind(st, 1, f.id);
+    q.bind(st, 2, f.purpose);
+    q.bind(st, 3, f.filename);
+    q.bind(st, 4, f.bytes);
+    sqlite3_bind_blob64(st, 5, content.data(), content.size(), SQLITE_STATIC);
+    q.bind(st, 6, f.created_at);
+    q.run(st);
+    sqlite3_clear_bindings(st);  // the blob is not ours past this call
+  });
+  return f;
+}
+
+std::optional<FileInfo> Queue::get_file(const std::string& id) const {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  sqlite3_stmt* st = q.stmt("SELECT id, purpose, filename, bytes, created_at, kind, batch_id FROM files WHERE id = ?");
+  q.bind(st, 1, id);
+  std::optional<FileInfo> f;
+  if (q.step(st)) f = q.file_row(st);
+  sqlite3_reset(st);
+  return f;
+}
+
+std::optional<std::string> Queue::file_content(const std::string& id) const {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  sqlite3_stmt* st = q.stmt("SELECT content FROM files WHERE id = ? AND kind = 'upload'");
+  q.bind(st, 1, id);
+  std::optional<std::string> out;
+  if (q.step(st)) {
+    const void* p = sqlite3_column_blob(st, 0);
+    out = std::string(p ? static_cast<const char*>(p) : "", static_cast<size_t>(sqlite3_column_bytes(st, 0)));
+  }
+  sqlite3_reset(st);
+  return out;
+}
+
+bool Queue::delete_file(const std::string& id) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    sqlite3_stmt* st = q.stmt("SELECT kind, batch_id FROM files WHERE id = ?");
+    q.bind(st, 1, id);
+    if (!q.step(st)) {
+      sqlite3_reset(st);
+      return false;
+    }
+    FileKind kind = parse_kind(Impl::text(st, 0));
+    std::optional<std::string> batch = Impl::opt_text(st, 1);
+    sqlite3_reset(st);
+    sqlite3_stmt* d = q.stmt("DELETE FROM files WHERE id = ?");
+    q.bind(d, 1, id);
+    q.run(d);
+    if (kind != FileKind::upload && batch) {
+      sqlite3_stmt* left = q.stmt("SELECT COUNT(*) FROM files WHERE batch_id = ?");
+      q.bind(left, 1, *batch);
+      int64_t n = q.step(left) ? sqlite3_column_int64(left, 0) : 0;
+      sqlite3_reset(left);
+      if (n == 0) {
+        sqlite3_stmt* r = q.stmt(
+            "DELETE FROM results WHERE request_id IN (SELECT id FROM requests WHERE batch_id = ?)");
+        q.bind(r, 1, *batch);
+        q.run(r);
+        sqlite3_stmt* rq = q.stmt("DELETE FROM requests WHERE batch_id = ?");
+        q.bind(rq, 1, *batch);
+        q.run(rq);
+      }
+    }
+    return true;
+  });
+}
+
+std::vector<FileInfo> Queue::list_files(const std::optional<std::string>& after, int64_t limit) const {
+  if (limit < 1 || limit > 100000) throw ValueError("queue: list_files: limit must be in 1..100000, got " + std::to_string(limit));
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  sqlite3_stmt* st = after
+      ? q.stmt("SELECT id, purpose, filename, bytes, created_at, kind, batch_id FROM files "
+               "WHERE (created_at, id) < (SELECT created_at, id FROM files WHERE id = ?) "
+               "ORDER BY created_at DESC, id DESC LIMIT ?")
+      : q.stmt("SELECT id, purpose, filename, bytes, created_at, kind, batch_id FROM files "
+               "ORDER BY created_at DESC, id DESC LIMIT ?");
+  int i = 1;
+  if (after) q.bind(st, i++, *after);
+  q.bind(st, i, limit);
+  std::vector<FileInfo> out;
+  while (q.step(st)) out.push_back(q.file_row(st));
+  sqlite3_reset(st);
+  return out;
+}
+
+// ---- Batches ----
+
+BatchInfo Queue::create_batch(const std::string& input_file_id, const std::string& endpoint,
+                              const std::string& completion_window, const std::string& metadata_json) {
+  if (endpoint != "/v1/completions" && endpoint != "/v1/chat/completions")
+    throw ValueError("batch endpoint must be /v1/completions or /v1/chat/completions, got '" + endpoint + "'");
+  static const std::regex window_re("([1-9][0-9]{0,3})h");
+  std::smatch m;
+  if (!std::regex_match(completion_window, m, window_re) || std::stoi(m[1].str()) > 8760)
+    throw ValueError("batch completion_window must be \"<N>h\" with 1 <= N <= 8760 (e.g. \"24h\"), got '" +
+                     completion_window + "'");
+  double window_s = std::stoi(m[1].str()) * 3600.0;
+  std::string metadata;
+  if (!metadata_json.empty()) {
+    nlohmann::json md;
+    try {
+      md = nlohmann::json::parse(metadata_json);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw ValueError(std::string("batch metadata is not valid JSON: ") + e.what());
+    }
+    if (!md.is_null()) {
+      if (!md.is_object()) throw ValueError("batch metadata must be an object of strings or null");
+      if (md.size() > 16) throw ValueError("batch metadata has " + std::to_string(md.size()) + " keys, above the limit of 16");
+      for (const auto& [k, v] : md.items()) {
+        if (k.size() > 64) throw ValueError("batch metadata key '" + k.substr(0, 64) + "...' is longer than 64 characters");
+        if (!v.is_string()) throw ValueError("batch metadata value of '" + k + "' must be a string");
+        if (v.get_ref<const std::string&>().size() > 512)
+          throw ValueError("batch metadata value of '" + k + "' is longer than 512 characters");
+      }
+      metadata = md.dump();
+    }
+  }
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    sqlite3_stmt* f = q.stmt("SELECT kind, purpose FROM files WHERE id = ?");
+    q.bind(f, 1, input_file_id);
+    if (!q.step(f)) {
+      sqlite3_reset(f);
+      throw NotFoundError("No such File object: " + input_file_id);
+    }
+    std::string kind = Impl::text(f, 0), purpose = Impl::text(f, 1);
+    sqlite3_reset(f);
+    if (kind != "upload" || purpose != "batch")
+      throw ValueError("input_file_id " + input_file_id + " has purpose '" + purpose +
+                       "'; a batch's input file must be uploaded with purpose 'batch'");
+    double t = now_seconds();
+    std::string id = "batch_" + random_hex(24);
+    sqlite3_stmt* st = q.stmt(
+        "INSERT INTO batches(id, input_file_id, endpoint, completion_window, metadata, status, created_at, "
+        "updated_at, expires_at) VALUES(?,?,?,?,?,'validating',?,?,?)");
+    q.bind(st, 1, id);
+    q.bind(st, 2, input_file_id);
+    q.bind(st, 3, endpoint);
+    q.bind(st, 4, completion_window);
+    if (metadata.empty()) sqlite3_bind_null(st, 5);
+    else q.bind(st, 5, metadata);
+    q.bind(st, 6, t);
+    q.bind(st, 7, t);
+    q.bind(st, 8, t + window_s);
+    q.run(st);
+    return *q.find_batch(id);
+  });
+}
+
+std::optional<BatchInfo> Queue::get_batch(const std::string& id) const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->find_batch(id);
+}
+
+std::vector<BatchInfo> Queue::list_batches(const std::optional<std::string>& after, int64_t limit) const {
+  if (limit < 1 || limit > 1000) throw ValueError("queue: list_batches: limit must be in 1..1000, got " + std::to_string(limit));
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  sqlite3_stmt* st = after
+      ? q.stmt("SELECT id FROM batches WHERE (created_at, id) < (SELECT created_at, id FROM batches WHERE id = ?) "
+               "ORDER BY created_at DESC, id DESC LIMIT ?")
+      : q.stmt("SELECT id FROM batches ORDER BY created_at DESC, id DESC LIMIT ?");
+  int i = 1;
+  if (after) q.bind(st, i++, *after);
+  q.bind(st, i, limit);
+  std::vector<std::string> ids;
+  while (q.step(st)) ids.push_back(Impl::text(st, 0));
+  sqlite3_reset(st);
+  std::vector<BatchInfo> out;
+  for (const std::string& id : ids)
+    if (auto b = q.find_batch(id)) out.push_back(std::move(*b));
+  return out;
+}
+
+bool Queue::start_batch(const std::string& batch_id, std::vector<NewRequest> requests) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    sqlite3_stmt* st = q.stmt("SELECT status FROM batches WHERE id = ?");
+    q.bind(st, 1, batch_id);
+    if (!q.step(st)) {
+      sqlite3_reset(st);
+      throw NotFoundError("No such Batch object: " + batch_id);
+    }
+    std::string status = Impl::text(st, 0);
+    sqlite3_reset(st);
+    if (status != "validating") return false;
+    int64_t pending = q.pending();
+    if (pending + static_cast<int64_t>(requests.size()) > q.opt.max_requests)
+      throw QueueFullError("queue " + q.path + " is full: " + std::to_string(pending) +
+                           " requests queued or running, max_requests " + std::to_string(q.opt.max_requests) +
+                           "; the " + std::to_string(requests.size()) + " requests of batch " + batch_id +
+                           " do not fit (it starts when they do)");
+    double t = now_seconds();
+    for (NewRequest& r : requests) {
+      r.batch_id = batch_id;
+      q.insert_one(r, t);
+    }
+    return q.set_status(batch_id, BatchStatus::validating, BatchStatus::in_progress, t);
+  });
+}
+
+bool Queue::fail_batch(const std::string& batch_id, const std::string& errors_json) {
+  if (!nlohmann::json::accept(errors_json)) throw ValueError("queue: fail_batch: errors are not valid JSON");
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    double t = now_seconds();
+    bool moved = q.set_status(batch_id, BatchStatus::validating, BatchStatus::failed, t) ||
+                 q.set_status(batch_id, BatchStatus::in_progress, BatchStatus::failed, t);
+    if (moved) {
+      sqlite3_stmt* st = q.stmt("UPDATE batches SET errors = ? WHERE id = ?");
+      q.bind(st, 1, errors_json);
+      q.bind(st, 2, batch_id);
+      q.run(st);
+    }
+    return moved;
+  });
+}
+
+bool Queue::transition_batch(const std::string& batch_id, BatchStatus from, BatchStatus to) {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] { return q.set_status(batch_id, from, to, now_seconds()); });
+}
+
+bool Queue::finish_batch(const std::string& batch_id, BatchStatus from, BatchStatus to, int64_t output_bytes,
+                         int64_t error_bytes) {
+  if (to != BatchStatus::completed && to != BatchStatus::cancelled && to != BatchStatus::expired)
+    throw ValueError(std::string("queue: finish_batch: target must be completed, cancelled or expired, got ") + to_string(to));
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    double t = now_seconds();
+    if (!q.set_status(batch_id, from, to, t)) return false;
+    auto add = [&](FileKind kind, int64_t bytes) -> std::optional<std::string> {
+      if (bytes < 0) return std::nullopt;
+      std::string id = "file-" + random_hex(24);
+      sqlite3_stmt* st = q.stmt(
+          "INSERT INTO files(id, purpose, filename, bytes, content, status, created_at, kind, batch_id) "
+          "VALUES(?,'batch_output',?,?,NULL,'processed',?,?,?)");
+      q.bind(st, 1, id);
+      q.bind(st, 2, batch_id + (kind == FileKind::output ? "_output.jsonl" : "_error.jsonl"));
+      q.bind(st, 3, bytes);
+      q.bind(st, 4, t);
+      q.bind(st, 5, std::string(kind_name(kind)));
+      q.bind(st, 6, batch_id);
+      q.run(st);
+      return id;
+    };
+    std::optional<std::string> out = add(FileKind::output, output_bytes), err = add(FileKind::error, error_bytes);
+    sqlite3_stmt* st = q.stmt("UPDATE batches SET output_file_id = ?, error_file_id = ? WHERE id = ?");
+    q.bind(st, 1, out);
+    q.bind(st, 2, err);
+    q.bind(st, 3, batch_id);
+    q.run(st);
+    return true;
+  });
+}
+
+std::vector<std::string> Queue::batches_in(BatchStatus status) const {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  sqlite3_stmt* st = q.stmt("SELECT id FROM batches WHERE status = ? ORDER BY created_at, id");
+  q.bind(st, 1, std::string(to_string(status)));
+  std::vector<std::string> out;
+  while (q.step(st)) out.push_back(Impl::text(st, 0));
+  sqlite3_reset(st);
+  return out;
+}
+
+void Queue::for_each_result(const std::string& batch_id, const std::function<bool(const BatchRow&)>& f) const {
+  constexpr int64_t kPage = 256;
+  RequestId last = 0;
+  std::vector<BatchRow> page;
+  for (;;) {
+    page.clear();
+    {
+      std::lock_guard lk(impl_->mu);
+      Impl& q = *impl_;
+      sqlite3_stmt* st = q.stmt(
+          "SELECT r.id, r.custom_id, r.state, s.request_id IS NOT NULL, s.status_code, s.body, s.error "
+          "FROM requests r LEFT JOIN results s ON s.request_id = r.id "
+          "WHERE r.batch_id = ? AND r.id > ? AND r.state IN ('done','failed','cancelled') ORDER BY r.id LIMIT ?");
+      q.bind(st, 1, batch_id);
+      q.bind(st, 2, last);
+      q.bind(st, 3, kPage);
+      while (q.step(st)) {
+        BatchRow row;
+        row.id = sqlite3_column_int64(st, 0);
+        row.custom_id = Impl::text(st, 1);
+        row.state = parse_state(Impl::text(st, 2), q.path);
+        if (sqlite3_column_int64(st, 3))
+          row.result = Result{sqlite3_column_int64(st, 4), Impl::text(st, 5), Impl::text(st, 6)};
+        page.push_back(std::move(row));
+      }
+      sqlite3_reset(st);
+    }
+    for (const BatchRow& row : page)
+      if (!f(row)) return;
+    if (static_cast<int64_t>(page.size()) < kPage) return;
+    last = page.back().id;
+  }
 }
 
 }  // namespace corelm::queue

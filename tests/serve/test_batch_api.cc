@@ -123,3 +123,430 @@ TEST(BatchLine, EachInvalidLineNamesItsCodeLineAndParam) {
   j["body"]["prompt"] = std::string(1000, '[');
   EXPECT_TRUE(std::holds_alternative<NewRequest>(parse(j.dump())));
 }
+
+// ---- the HTTP API and the monitor, with the test as the worker ----------------------------
+
+#include <httplib.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <thread>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using corelm::queue::Queue;
+
+// A BatchApi on a plain httplib server (port 0) over a queue in a fresh state dir.
+class BatchHttp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "corelm_batchapi_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    queue_ = std::make_unique<Queue>(Queue::open(corelm::queue::queue_path(dir_)));
+    start_api(*queue_);
+  }
+  void TearDown() override {
+    for (auto& s : servers_) s->stop();
+    for (auto& t : threads_) t.join();
+    apis_.clear();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  // Returns the port.
+  int start_api(Queue& q, int64_t max_file_bytes = 1 << 20) {
+    corelm::serve::BatchApiContext ctx;
+    ctx.queue = &q;
+    ctx.model_ids = [] { return std::vector<std::string>{"tiny"}; };
+    ctx.max_file_bytes = max_file_bytes;
+    ctx.monitor_interval_s = 0.01;
+    apis_.push_back(std::make_unique<corelm::serve::BatchApi>(ctx));
+    servers_.push_back(std::make_unique<httplib::Server>());
+    apis_.back()->register_routes(*servers_.back());
+    int port = servers_.back()->bind_to_any_port("127.0.0.1");
+    EXPECT_GT(port, 0);
+    httplib::Server* s = servers_.back().get();
+    threads_.emplace_back([s] { s->listen_after_bind(); });
+    apis_.back()->start();
+    if (ports_.empty()) port_ = port;
+    ports_.push_back(port);
+    return port;
+  }
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(10, 0);
+    return c;
+  }
+  std::string upload(const std::string& content, const std::string& filename = "in.jsonl") {
+    auto r = client().Post("/v1/files", httplib::MultipartFormDataItems{{"file", content, filename, "application/jsonl"},
+                                                                        {"purpose", "batch", "", ""}});
+    EXPECT_TRUE(r);
+    if (!r) return "";
+    EXPECT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body);
+    EXPECT_EQ(j["object"], "file");
+    EXPECT_EQ(j["bytes"], static_cast<int64_t>(content.size()));
+    EXPECT_EQ(j["filename"], filename);
+    EXPECT_EQ(j["purpose"], "batch");
+    EXPECT_EQ(j["status"], "processed");
+    EXPECT_TRUE(j["created_at"].is_number_integer());
+    return j["id"].get<std::string>();
+  }
+  json create(const std::string& file_id, const std::string& endpoint = "/v1/completions") {
+    json body = {{"input_file_id", file_id}, {"endpoint", endpoint}, {"completion_window", "24h"},
+                 {"metadata", {{"job", "t"}}}};
+    auto r = client().Post("/v1/batches", body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r ? json::parse(r->body) : json();
+  }
+  json get_json(const std::string& path, int expect = 200) {
+    auto r = client().Get(path);
+    EXPECT_TRUE(r);
+    if (!r) return {};
+    EXPECT_EQ(r->status, expect) << path << ": " << r->body;
+    return json::parse(r->body, nullptr, false);
+  }
+  std::string content(const std::string& file_id) {
+    auto r = client().Get("/v1/files/" + file_id + "/content");
+    EXPECT_TRUE(r && r->status == 200);
+    return r ? r->body : "";
+  }
+  // Polls the batch until `pred` holds (5 s at most).
+  json wait_batch(const std::string& id, const std::function<bool(const json&)>& pred) {
+    json b;
+    for (int i = 0; i < 500; ++i) {
+      b = get_json("/v1/batches/" + id);
+      if (pred(b)) return b;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "batch never reached the state: " << b.dump();
+    return b;
+  }
+  json wait_status(const std::string& id, const std::string& status) {
+    return wait_batch(id, [&](const json& b) { return b["status"] == status; });
+  }
+  // The worker: every queued row gets `respond(prompt) -> {status, body}`.
+  void work(const std::function<std::pair<int, std::string>(const json& body)>& respond) {
+    auto leased = queue_->lease("test-worker", 10000);
+    std::vector<std::pair<corelm::queue::RequestId, corelm::queue::Result>> results;
+    for (const auto& r : leased) {
+      auto [status, body] = respond(json::parse(r.body));
+      results.push_back({r.id, corelm::queue::Result{status, body, ""}});
+    }
+    EXPECT_TRUE(queue_->complete_many("test-worker", results).empty());
+  }
+  static std::pair<int, std::string> echo(const json& body) {
+    return {200, json{{"object", "text_completion"}, {"choices", {{{"text", "echo " + body["prompt"].get<std::string>()}}}}}.dump()};
+  }
+
+  std::string dir_;
+  std::unique_ptr<Queue> queue_;
+  std::vector<std::unique_ptr<corelm::serve::BatchApi>> apis_;
+  std::vector<std::unique_ptr<httplib::Server>> servers_;
+  std::vector<std::thread> threads_;
+  std::vector<int> ports_;
+  int port_ = 0;
+};
+
+std::string req_line(const std::string& custom_id, const std::string& prompt, const std::string& model = "tiny",
+                     const std::string& url = "/v1/completions") {
+  return json{{"custom_id", custom_id},
+              {"method", "POST"},
+              {"url", url},
+              {"body", {{"model", model}, {"prompt", prompt}, {"max_tokens", 4}}}}
+             .dump();
+}
+
+std::vector<json> jsonl(const std::string& text) {
+  std::vector<json> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    EXPECT_NE(nl, std::string::npos) << "a line without its newline";
+    if (nl == std::string::npos) break;
+    out.push_back(json::parse(text.substr(pos, nl - pos)));
+    pos = nl + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_F(BatchHttp, ABatchRunsToCompletedWithOutputAndErrorFiles) {
+  std::string in;
+  for (int i = 0; i < 5; ++i) in += req_line("r" + std::to_string(i), "p" + std::to_string(i)) + "\n";
+  std::string fid = upload(in);
+  EXPECT_EQ(content(fid), in);
+  json b = create(fid);
+  EXPECT_EQ(b["object"], "batch");
+  EXPECT_EQ(b["status"], "validating");
+  EXPECT_EQ(b["endpoint"], "/v1/completions");
+  EXPECT_EQ(b["input_file_id"], fid);
+  EXPECT_EQ(b["completion_window"], "24h");
+  EXPECT_EQ(b["metadata"], json({{"job", "t"}}));
+  EXPECT_TRUE(b["errors"].is_null() && b["output_file_id"].is_null() && b["in_progress_at"].is_null());
+  EXPECT_EQ(b["expires_at"].get<int64_t>() - b["created_at"].get<int64_t>(), 24 * 3600);
+  for (const char* k : {"id", "object", "endpoint", "errors", "input_file_id", "completion_window", "status",
+                        "output_file_id", "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at",
+                        "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at", "request_counts",
+                        "metadata"})
+    EXPECT_TRUE(b.contains(k)) << k;
+  const std::string id = b["id"];
+  json running = wait_status(id, "in_progress");
+  EXPECT_EQ(running["request_counts"], json({{"total", 5}, {"completed", 0}, {"failed", 0}}));
+  EXPECT_TRUE(running["in_progress_at"].is_number_integer());
+  work([](const json& body) -> std::pair<int, std::string> {
+    if (body["prompt"] == "p3") return {400, R"({"error":{"message":"prompt too long","code":"context_length_exceeded"}})"};
+    return echo(body);
+  });
+  json done = wait_status(id, "completed");
+  EXPECT_EQ(done["request_counts"], json({{"total", 5}, {"completed", 4}, {"failed", 1}}));
+  EXPECT_TRUE(done["finalizing_at"].is_number_integer() && done["completed_at"].is_number_integer());
+  ASSERT_TRUE(done["output_file_id"].is_string() && done["error_file_id"].is_string());
+
+  json out_meta = get_json("/v1/files/" + done["output_file_id"].get<std::string>());
+  EXPECT_EQ(out_meta["purpose"], "batch_output");
+  std::string out_text = content(done["output_file_id"]);
+  EXPECT_EQ(out_meta["bytes"], static_cast<int64_t>(out_text.size()));
+  auto out = jsonl(out_text);
+  ASSERT_EQ(out.size(), 4u);
+  std::map<std::string, json> by_id;
+  for (const json& l : out) {
+    EXPECT_EQ(l["error"], nullptr);
+    EXPECT_EQ(l["response"]["status_code"], 200);
+    EXPECT_EQ(l["id"].get<std::string>().rfind("batch_req_", 0), 0u);
+    EXPECT_EQ(l["response"]["request_id"].get<std::string>().rfind("req-", 0), 0u);
+    EXPECT_TRUE(by_id.emplace(l["custom_id"].get<std::string>(), l).second) << "a custom_id twice";
+  }
+  for (const char* c : {"r0", "r1", "r2", "r4"}) {
+    ASSERT_TRUE(by_id.count(c)) << c;
+    EXPECT_EQ(by_id[c]["response"]["body"]["choices"][0]["text"], std::string("echo p") + (c + 1));
+  }
+  std::string err_text = content(done["error_file_id"]);
+  EXPECT_EQ(get_json("/v1/files/" + done["error_file_id"].get<std::string>())["bytes"], static_cast<int64_t>(err_text.size()));
+  auto errs = jsonl(err_text);
+  ASSERT_EQ(errs.size(), 1u);
+  EXPECT_EQ(errs[0]["custom_id"], "r3");
+  EXPECT_EQ(errs[0]["response"]["status_code"], 400);
+  EXPECT_EQ(errs[0]["error"]["code"], "context_length_exceeded");
+
+  json list = get_json("/v1/batches");
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 1u);
+  EXPECT_EQ(list["data"][0]["id"], id);
+  EXPECT_EQ(list["has_more"], false);
+  json files = get_json("/v1/files");
+  EXPECT_EQ(files["data"].size(), 3u);
+
+  // Cancelling a finished batch is refused like OpenAI's.
+  auto c = client().Post("/v1/batches/" + id + "/cancel", "", "application/json");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 400);
+  EXPECT_NE(c->body.find("Cannot cancel a batch with status 'completed'"), std::string::npos) << c->body;
+
+  auto del = client().Delete("/v1/files/" + done["output_file_id"].get<std::string>());
+  ASSERT_TRUE(del && del->status == 200);
+  EXPECT_EQ(json::parse(del->body)["deleted"], true);
+  get_json("/v1/files/" + done["output_file_id"].get<std::string>(), 404);
+}
+
+TEST_F(BatchHttp, ChatBatchesKeepTheirEndpoint) {
+  std::string line = json{{"custom_id", "c"},
+                          {"method", "POST"},
+                          {"url", "/v1/chat/completions"},
+                          {"body", {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}}}
+                         .dump();
+  json b = create(upload(line + "\n"), "/v1/chat/completions");
+  wait_status(b["id"], "in_progress");
+  auto leased = queue_->lease("w", 10);
+  ASSERT_EQ(leased.size(), 1u);
+  EXPECT_EQ(leased[0].endpoint, "/v1/chat/completions");
+  EXPECT_EQ(leased[0].custom_id, "c");
+  EXPECT_EQ(leased[0].batch_id, b["id"].get<std::string>());
+}
+
+TEST_F(BatchHttp, InvalidLinesFailTheBatchAndEnqueueNothing) {
+  struct Case {
+    std::string content, code;
+    int line;
+  };
+  const std::vector<Case> cases = {
+      {req_line("a", "x") + "\n{not json\n", "invalid_json", 2},
+      {req_line("a", "x", "tiny", "/v1/embeddings") + "\n", "invalid_url", 1},
+      {req_line("a", "x", "tiny", "/v1/chat/completions") + "\n", "invalid_url", 1},
+      {req_line("a", "x", "gpt-4") + "\n", "model_not_found", 1},
+      {req_line("a", "x") + "\n" + req_line("b", "y") + "\n\n" + req_line("a", "z") + "\n", "duplicate_custom_id", 4},
+      {"\n\n", "empty_file", 0},
+  };
+  for (const Case& c : cases) {
+    json b = create(upload(c.content));
+    json failed = wait_status(b["id"], "failed");
+    EXPECT_TRUE(failed["failed_at"].is_number_integer());
+    ASSERT_TRUE(failed["errors"].is_object()) << failed.dump();
+    EXPECT_EQ(failed["errors"]["object"], "list");
+    ASSERT_GE(failed["errors"]["data"].size(), 1u);
+    const json& e = failed["errors"]["data"][0];
+    EXPECT_EQ(e["code"], c.code) << e.dump();
+    if (c.line > 0) {
+      EXPECT_EQ(e["line"], c.line) << e.dump();
+    }
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_TRUE(e.contains("param"));
+    EXPECT_EQ(failed["request_counts"]["total"], 0);
+  }
+  EXPECT_EQ(queue_->counts().total(), 0);
+}
+
+TEST_F(BatchHttp, FilesEndpointsRejectBadUploadsAndUnknownIds) {
+  auto c = client();
+  auto r = c.Post("/v1/files", "{}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  r = c.Post("/v1/files", httplib::MultipartFormDataItems{{"file", "x", "a.jsonl", ""}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "purpose");
+  r = c.Post("/v1/files", httplib::MultipartFormDataItems{{"purpose", "batch", "", ""}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "file");
+  r = c.Post("/v1/files", httplib::MultipartFormDataItems{{"file", "x", "a.jsonl", ""}, {"purpose", "fine-tune", "", ""}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  r = c.Post("/v1/files", httplib::MultipartFormDataItems{{"file", std::string((1 << 20) + 1, 'x'), "big.jsonl", ""},
+                                                          {"purpose", "batch", "", ""}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "file_too_large");
+  json e = get_json("/v1/files/file-nope", 404);
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("file-nope"), std::string::npos);
+  get_json("/v1/files/file-nope/content", 404);
+  r = c.Delete("/v1/files/file-nope");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  get_json("/v1/files?limit=0", 400);
+  EXPECT_EQ(queue_->list_files().size(), 0u);
+}
+
+TEST_F(BatchHttp, BatchesEndpointsRejectBadRequestsAndUnknownIds) {
+  std::string fid = upload(req_line("a", "x") + "\n");
+  auto c = client();
+  auto post = [&](const json& body) {
+    auto r = c.Post("/v1/batches", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, json::parse(r->body, nullptr, false)) : std::make_pair(0, json());
+  };
+  json ok = {{"input_file_id", fid}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}};
+  json x = ok;
+  x["input_file_id"] = "file-nope";
+  EXPECT_EQ(post(x).first, 404);
+  x = ok;
+  x["endpoint"] = "/v1/embeddings";
+  EXPECT_EQ(post(x).second["error"]["param"], "endpoint");
+  x = ok;
+  x["completion_window"] = "1d";
+  auto [st, body] = post(x);
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(body["error"]["param"], "completion_window");
+  x = ok;
+  x.erase("endpoint");
+  EXPECT_EQ(post(x).first, 400);
+  x = ok;
+  x["metadata"] = {{"k", 5}};
+  EXPECT_EQ(post(x).second["error"]["param"], "metadata");
+  auto r = c.Post("/v1/batches", "{not json", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  ok["completion_window"] = "2h";  // any "<N>h"
+  EXPECT_EQ(post(ok).first, 200);
+  get_json("/v1/batches/batch_nope", 404);
+  r = c.Post("/v1/batches/batch_nope/cancel", "", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  get_json("/v1/batches?limit=abc", 400);
+  get_json("/v1/batches?limit=101", 400);
+}
+
+TEST_F(BatchHttp, CancelWaitsForRunningRowsAndReportsTheRest) {
+  std::string in;
+  for (int i = 0; i < 4; ++i) in += req_line("r" + std::to_string(i), "p" + std::to_string(i)) + "\n";
+  json b = create(upload(in));
+  const std::string id = b["id"];
+  wait_status(id, "in_progress");
+  auto leased = queue_->lease("w", 1);
+  ASSERT_EQ(leased.size(), 1u);
+  auto r = client().Post("/v1/batches/" + id + "/cancel", "", "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "");
+  EXPECT_EQ(json::parse(r->body)["status"], "cancelling");
+  EXPECT_TRUE(json::parse(r->body)["cancelling_at"].is_number_integer());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(get_json("/v1/batches/" + id)["status"], "cancelling");  // a row still runs
+  EXPECT_EQ(queue_->counts(id).cancelled, 3);
+  queue_->complete(leased[0].id, "w", corelm::queue::Result{200, echo(json::parse(leased[0].body)).second, ""});
+  json done = wait_status(id, "cancelled");
+  EXPECT_EQ(done["request_counts"], json({{"total", 4}, {"completed", 1}, {"failed", 3}}));
+  auto out = jsonl(content(done["output_file_id"]));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0]["custom_id"], "r0");
+  auto errs = jsonl(content(done["error_file_id"]));
+  ASSERT_EQ(errs.size(), 3u);
+  for (const json& e : errs) {
+    EXPECT_EQ(e["response"], nullptr);
+    EXPECT_EQ(e["error"]["code"], "batch_cancelled");
+  }
+}
+
+TEST_F(BatchHttp, AnExpiredBatchCancelsWhatDidNotRun) {
+  // One batch that runs, and one whose window ends before its row is leased.
+  std::string in = req_line("a", "x") + "\n" + req_line("b", "y") + "\n";
+  json b = create(upload(in));
+  const std::string id = b["id"];
+  wait_status(id, "in_progress");
+  work(echo);
+  json b2 = create(upload(req_line("c", "z") + "\n"));
+  const std::string id2 = b2["id"];
+  wait_status(id2, "in_progress");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(corelm::queue::queue_path(dir_).c_str(), &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    std::string sql = "UPDATE batches SET expires_at = 1 WHERE id = '" + id2 + "'";
+    ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  json e = wait_status(id2, "expired");
+  EXPECT_TRUE(e["expired_at"].is_number_integer());
+  EXPECT_TRUE(e["output_file_id"].is_null());
+  auto errs = jsonl(content(e["error_file_id"]));
+  ASSERT_EQ(errs.size(), 1u);
+  EXPECT_EQ(errs[0]["error"]["code"], "batch_expired");
+  EXPECT_EQ(wait_status(id, "completed")["request_counts"]["completed"], 2);
+}
+
+// Two servers (two BatchApi monitors, two Queue connections) on one state dir: the batch is
+// enqueued once and finished once.
+TEST_F(BatchHttp, TwoMonitorsOnOneStateDirStartAndFinishABatchOnce) {
+  Queue second = Queue::open(corelm::queue::queue_path(dir_));
+  int port2 = start_api(second);
+  std::string in;
+  for (int i = 0; i < 50; ++i) in += req_line("r" + std::to_string(i), "p" + std::to_string(i)) + "\n";
+  json b = create(upload(in));
+  const std::string id = b["id"];
+  httplib::Client c2("127.0.0.1", port2);
+  wait_status(id, "in_progress");
+  EXPECT_EQ(queue_->counts(id).total(), 50);
+  work(echo);
+  json done = wait_status(id, "completed");
+  auto r = c2.Get("/v1/batches/" + id);
+  ASSERT_TRUE(r && r->status == 200);
+  EXPECT_EQ(json::parse(r->body)["output_file_id"], done["output_file_id"]);
+  EXPECT_EQ(jsonl(content(done["output_file_id"])).size(), 50u);
+  EXPECT_EQ(queue_->list_files().size(), 2u);  // the input and one output file, not two
+}
