@@ -413,28 +413,33 @@ struct Runner {
   }
 };
 
-// One output line: into output.jsonl when `ok`, else errors.jsonl.
+// One output line: into output.jsonl when `ok`, else errors.jsonl. The shape of the Batches
+// API's output and error files (batch_api.cc), so a consumer reads both the same way.
 std::string output_line(queue::RequestId id, const std::string& custom_id, const queue::Result& r) {
   nlohmann::ordered_json line;
   line["id"] = "batch_req_" + std::to_string(id);
   line["custom_id"] = custom_id;
-  nlohmann::ordered_json body;
-  bool has_body = !r.body.empty();
-  if (has_body) {
-    try {
-      body = nlohmann::ordered_json::parse(r.body);
-    } catch (const nlohmann::json::exception&) {
-      has_body = false;
+  nlohmann::ordered_json body = nlohmann::ordered_json::parse(r.body, nullptr, false);
+  if (!r.body.empty() && !body.is_discarded()) {
+    line["response"] = {{"status_code", r.status_code}, {"request_id", "req-" + std::to_string(id)}, {"body", body}};
+    if (r.status_code == 200) {
+      line["error"] = nullptr;
+    } else {
+      std::string code = "request_failed", message = r.error;
+      if (body.is_object() && body.contains("error") && body["error"].is_object()) {
+        const auto& e = body["error"];
+        if (e.contains("code") && e["code"].is_string()) code = e["code"].get<std::string>();
+        if (e.contains("message") && e["message"].is_string() && message.empty()) message = e["message"].get<std::string>();
+      }
+      if (message.empty()) message = "the request failed with status " + std::to_string(r.status_code);
+      line["error"] = {{"code", code}, {"message", message}};
     }
-  }
-  if (has_body) {
-    line["response"] = {{"status_code", r.status_code}, {"request_id", "req_" + std::to_string(id)}, {"body", std::move(body)}};
-    line["error"] = nullptr;
   } else {
+    // A row that failed --max-attempts times: the queue stored only the error.
     line["response"] = nullptr;
-    line["error"] = {{"code", r.status_code >= 500 ? "server_error" : "invalid_request"}, {"message", r.error}};
+    line["error"] = {{"code", "server_error"}, {"message", r.error}};
   }
-  return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 // output.jsonl / errors.jsonl in input order. `row(i)`: line i's result and whether it is a
