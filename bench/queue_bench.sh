@@ -18,7 +18,7 @@
 #   load      LOAD_TOTAL (1,000,000) prompts via /v1/generate in chunks of 1,000, max_tokens 1..4,
 #             drained for at most DRAIN_SECONDS (600; the rest is extrapolated, and said so):
 #             peak RSS, DB size after enqueue and drain, enqueue and drain rates.
-# Environment: N (20000) MAX_TOKENS (8) SLOTS (16) SERVER_CPUS (0) LOAD_CPUS (1) NICE (10)
+# Environment: REPS (3: interleaved repetitions of each offline path, the fastest kept) SKIP_SERVE (set: overhead without the serve_queue path) N (20000) MAX_TOKENS (8) SLOTS (16) SERVER_CPUS (0) LOAD_CPUS (1) NICE (10)
 #   LOAD_TOTAL (1000000) DRAIN_SECONDS (600) LOAD_SYNC (normal)
 #   MODEL (default /work/pretrained/tiny-corpus when present, else a random-weight `tiny` made
 #   like bench/llama_cpp_peer.sh does, cached in <build-dir>/queue_bench)
@@ -40,6 +40,7 @@ load_total="${LOAD_TOTAL:-1000000}"
 drain_seconds="${DRAIN_SECONDS:-600}"
 load_sync="${LOAD_SYNC:-normal}"
 only="${ONLY:-}"
+reps="${REPS:-3}"
 work="$build/queue_bench"
 mkdir -p "$out" "$work"
 [[ -x $corelm ]] || { echo "queue_bench: $corelm not found (build corelm_cli first)" >&2; exit 1; }
@@ -97,34 +98,47 @@ with open(f"{d}/in.jsonl", "w") as b, open(f"{d}/prompts.txt", "w") as p:
         p.write(f"n={i}:\n")
 EOF
   local load_before; load_before="$(uptime)"
-  for mode in full normal direct; do
-    local extra=(--queue-sync "$mode")
-    [[ $mode == direct ]] && extra=(--no-queue)
-    local s0; s0="$(now)"
-    run_pinned "$corelm" run batch --model "$model" --input "$d/in.jsonl" --out "$d/rb_$mode" --threads 1 --slots "$slots" \
-      "${extra[@]}" --json >"$d/rb_$mode.json" 2>"$d/rb_$mode.log"
-    echo "{\"seconds\": $("$python" -c "print($(now) - $s0)")}" >"$d/rb_${mode}_wall.json"
+  # Interleaved repetitions (full, normal, direct, generate, full, ...), the fastest of each kept:
+  # on a shared machine the other load comes and goes, and the minimum is the least disturbed.
+  local rep
+  for ((rep = 0; rep < reps; rep++)); do
+    for mode in full normal direct; do
+      local extra=(--queue-sync "$mode")
+      [[ $mode == direct ]] && extra=(--no-queue)
+      rm -rf "$d/rb_$mode"
+      local s0; s0="$(now)"
+      run_pinned "$corelm" run batch --model "$model" --input "$d/in.jsonl" --out "$d/rb_$mode" --threads 1 \
+        --slots "$slots" "${extra[@]}" --json >"$d/rb_$mode.$rep.json" 2>"$d/rb_$mode.log"
+      echo "{\"seconds\": $("$python" -c "print($(now) - $s0)")}" >"$d/rb_${mode}_wall.$rep.json"
+    done
+    local t0; t0="$(now)"
+    run_pinned "$corelm" generate --model "$model" --prompt-file "$d/prompts.txt" --batch-size "$slots" -n "$max_tokens" \
+      --greedy --threads 1 --json >"$d/generate.jsonl" 2>"$d/generate.log"
+    echo "{\"seconds\": $("$python" -c "print($(now) - $t0)")}" >"$d/generate_wall.$rep.json"
   done
-  local t0 t1
-  t0="$(now)"
-  run_pinned "$corelm" generate --model "$model" --prompt-file "$d/prompts.txt" --batch-size "$slots" -n "$max_tokens" \
-    --greedy --threads 1 --json >"$d/generate.jsonl" 2>"$d/generate.log"
-  t1="$(now)"
-  echo "{\"seconds\": $("$python" -c "print($t1 - $t0)")}" >"$d/generate_wall.json"
-  start_server "$d/state" "$d/serve.log" --queue-sync full
-  nice -n "$nice_n" taskset -c "$load_cpus" "$python" "$here/bench/queue_load.py" --url "http://127.0.0.1:$srv_port" \
-    --pid "$srv_pid" --state-dir "$d/state" --total "$n" --chunk 1000 --max-tokens "$max_tokens" --fixed-max-tokens \
-    --count-tokens --drain-seconds 600 --model "$model_id" >"$d/serve_queue.json"
-  kill -9 "$srv_pid" 2>/dev/null || true
+  if [[ -z ${SKIP_SERVE:-} ]]; then
+    start_server "$d/state" "$d/serve.log" --queue-sync full
+    nice -n "$nice_n" taskset -c "$load_cpus" "$python" "$here/bench/queue_load.py" --url "http://127.0.0.1:$srv_port" \
+      --pid "$srv_pid" --state-dir "$d/state" --total "$n" --chunk 1000 --max-tokens "$max_tokens" --fixed-max-tokens \
+      --count-tokens --drain-seconds 600 --model "$model_id" >"$d/serve_queue.json"
+    kill -9 "$srv_pid" 2>/dev/null || true
+  else
+    rm -f "$d/serve_queue.json"
+  fi
   "$python" - "$d" "$n" "$load_before" "$(uptime)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" "$model" \
     "$slots" "$max_tokens" >"$out/overhead.json" <<'EOF'
 import json, sys
 d, n = sys.argv[1], int(sys.argv[2])
-rb = {m: json.load(open(f"{d}/rb_{m}.json")) for m in ("full", "normal", "direct")}
-wall = {m: json.load(open(f"{d}/rb_{m}_wall.json"))["seconds"] for m in ("full", "normal", "direct")}
+import glob
+def fastest(pattern):
+    return min(json.load(open(f))["seconds"] for f in glob.glob(f"{d}/{pattern}"))
+rb = {m: json.load(open(sorted(glob.glob(f"{d}/rb_{m}.*.json"))[0])) for m in ("full", "normal", "direct")}
+wall = {m: fastest(f"rb_{m}_wall.*.json") for m in ("full", "normal", "direct")}
+reps = len(glob.glob(f"{d}/generate_wall.*.json"))
 gen = [json.loads(l) for l in open(f"{d}/generate.jsonl") if l.strip()]
-gen_wall = json.load(open(f"{d}/generate_wall.json"))["seconds"]
-sq = json.load(open(f"{d}/serve_queue.json"))
+gen_wall = fastest("generate_wall.*.json")
+import os
+sq = json.load(open(f"{d}/serve_queue.json")) if os.path.exists(f"{d}/serve_queue.json") else None
 # Whole-process wall times (validation, enqueue, model load, run, output files): the model load is
 # the same on every path, the queue's work (enqueue, leases, acks, reading results back) is not.
 base_s, base_tok = wall["direct"], rb["direct"]["completion_tokens"]
@@ -135,13 +149,14 @@ def path(sec, tok):
 res = {}
 for m in ("full", "normal", "direct"):
     res[f"run_batch_{m}"] = path(wall[m], rb[m]["completion_tokens"])
-    res[f"run_batch_{m}"]["run_phase_s"] = round(rb[m]["seconds"], 3)
+    res[f"run_batch_{m}"]["run_phase_s"] = round(min(json.load(open(f))["seconds"] for f in glob.glob(f"{d}/rb_{m}.*.json")), 3)
 gtok = sum(g.get("tokens", 0) if isinstance(g.get("tokens"), int) else len(g.get("tokens", [])) for g in gen)
 res["generate"] = path(gen_wall, gtok)
 res["generate"]["note"] = "wall time of the process, model load included; no scheduler"
-res["serve_queue"] = path(sq["end_to_end_s"], sq.get("completion_tokens", 0))
-res["serve_queue"]["note"] = "submit of all prompts via /v1/generate to the last row done, HTTP included"
-print(json.dumps({"bench": "queue_overhead", "n": n, "model": sys.argv[6], "slots": int(sys.argv[7]),
+if sq:
+    res["serve_queue"] = path(sq["end_to_end_s"], sq.get("completion_tokens", 0))
+    res["serve_queue"]["note"] = "submit of all prompts via /v1/generate to the last row done, HTTP included"
+print(json.dumps({"bench": "queue_overhead", "n": n, "reps_fastest_of": reps, "model": sys.argv[6], "slots": int(sys.argv[7]),
                   "max_tokens": int(sys.argv[8]), "threads": 1, "cpu": sys.argv[5].strip(),
                   "uptime_before": sys.argv[3].strip(), "uptime_after": sys.argv[4].strip(), "paths": res}, indent=1))
 EOF
