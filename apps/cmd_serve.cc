@@ -25,7 +25,7 @@ namespace {
 
 struct ServeArgs {
   serve::ServeOptions o;
-  std::string api_key_file, precision = "bf16";
+  std::string api_key_file, precision = "bf16", queue_sync = "full";
   int threads = 1;
   bool json = false;
 };
@@ -45,6 +45,7 @@ void run(ServeArgs& a) {
   CORELM_CHECK(a.threads >= 1 && a.threads <= kMaxThreads, ValueError, "--threads must be in [1, ", kMaxThreads, "] (got ",
                a.threads, ")");
   a.o.precision = model::parse_precision(a.precision);
+  a.o.queue_sync = a.queue_sync == "normal" ? queue::Sync::normal : queue::Sync::full;
   set_num_threads(a.threads);
 
   // Every thread started from here on inherits the blocked mask, so only the sigwait thread
@@ -132,6 +133,35 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--precision", args->precision, "bf16 (fast path, default), int8 or f32 (reference)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}))
       ->capture_default_str();
+  c->add_option("--state-dir", o.state_dir, "persistent queue folder (created if missing): enables /v1/generate, "
+                                            "/v1/files and /v1/batches and the queue worker; servers may share one")
+      ->group("Persistent queue");
+  c->add_option("--lease-seconds", o.lease_seconds, "a hung worker's queued requests go back to the queue after this")
+      ->capture_default_str()
+      ->group("Persistent queue");
+  c->add_option("--max-attempts", o.max_attempts, "leases of one queued request before it gets an error result")
+      ->capture_default_str()
+      ->group("Persistent queue");
+  c->add_option("--batch-share", o.batch_share, "while interactive requests run or wait, queued work holds at most this "
+                                                "fraction of a model's slots (at least 1)")
+      ->capture_default_str()
+      ->group("Persistent queue");
+  c->add_option("--max-queued", o.max_queued, "queued + running requests in the state dir; beyond it 429")
+      ->capture_default_str()
+      ->group("Persistent queue");
+  c->add_option("--max-file-bytes", o.max_file_bytes, "largest /v1/files upload (413 beyond)")
+      ->capture_default_str()
+      ->group("Persistent queue");
+  c->add_option("--max-state-bytes", o.max_state_bytes, "cap on the queue file (0: none); beyond it 507")
+      ->capture_default_str()
+      ->group("Persistent queue");
+  c->add_option("--queue-sync", args->queue_sync, "full: every result is fsynced before it is acked; normal: survives "
+                                                  "kill -9, a power cut may lose the last results")
+      ->check(CLI::IsMember({"full", "normal"}))
+      ->capture_default_str()
+      ->group("Persistent queue");
+  c->add_option("--worker-id", o.worker_id, "this server's name as a queue lease holder (default host:pid:random)")
+      ->group("Persistent queue");
   c->add_flag("--json", args->json, "print the listening line as JSON: {\"event\":\"listening\",\"host\",\"port\",\"models\"}");
   c->callback([args] { run(*args); });
 });

@@ -21,8 +21,10 @@
 #include "corelm/scheduler.h"
 #include "corelm/serve.h"
 #include "corelm/utf8.h"
+#include "serve/batch_api.h"
 #include "serve/executor.h"
 #include "serve/metrics.h"
+#include "serve/queue_worker.h"
 #include "serve/request.h"
 
 namespace corelm::serve {
@@ -48,6 +50,15 @@ void ServeOptions::validate() const {
                "--read-timeout, --write-timeout and --keep-alive-timeout must be > 0");
   CORELM_CHECK(keep_alive_max >= 1, ValueError, "--keep-alive-max must be >= 1 (got ", keep_alive_max, ")");
   CORELM_CHECK(api_key.find_first_of("\r\n") == std::string::npos, ValueError, "the API key must be one line");
+  CORELM_CHECK(lease_seconds >= 0.1 && lease_seconds <= 7 * 86400, ValueError,
+               "--lease-seconds must be in [0.1, 604800] (got ", lease_seconds, ")");
+  CORELM_CHECK(max_attempts >= 1 && max_attempts <= 1000, ValueError, "--max-attempts must be in [1, 1000] (got ", max_attempts, ")");
+  CORELM_CHECK(batch_share > 0 && batch_share <= 1, ValueError, "--batch-share must be in (0, 1] (got ", batch_share, ")");
+  CORELM_CHECK(max_queued >= 1, ValueError, "--max-queued must be >= 1 (got ", max_queued, ")");
+  CORELM_CHECK(max_file_bytes >= 1, ValueError, "--max-file-bytes must be >= 1 (got ", max_file_bytes, ")");
+  CORELM_CHECK(max_state_bytes >= 0, ValueError, "--max-state-bytes must be >= 0 (0: no cap; got ", max_state_bytes, ")");
+  for (unsigned char c : worker_id)
+    CORELM_CHECK(c >= 0x20 && c != 0x7f, ValueError, "--worker-id must be printable text without control characters");
 }
 
 std::string model_id_for_path(const std::string& path) {
@@ -134,6 +145,10 @@ struct Server::Impl {
   std::vector<std::string> ids;  // sorted
   std::map<std::string, ModelEntry> models;
   std::thread loader;
+  // Declared after the models: destroyed first.
+  std::unique_ptr<queue::Queue> queue;  // --state-dir
+  std::unique_ptr<QueueWorker> worker;
+  std::unique_ptr<BatchApi> batches;  // holds queue.get(): declared after it, destroyed before
 
   explicit Impl(ServeOptions opts) : o(std::move(opts)) {
     o.validate();
@@ -166,10 +181,47 @@ struct Server::Impl {
       for (const auto& p : found) add(p.string(), false);
     }
     for (const auto& [id, e] : models) ids.push_back(id);
+    if (!o.state_dir.empty()) open_queue();
   }
 
   ~Impl() {
+    if (batches) batches->stop();
+    if (worker) worker->finish();
     if (loader.joinable()) loader.join();
+  }
+
+  void open_queue() {
+    std::error_code ec;
+    fs::create_directories(o.state_dir, ec);
+    CORELM_CHECK(fs::is_directory(o.state_dir, ec), IOError, o.state_dir, ": cannot create the state folder (--state-dir)");
+    queue::QueueOptions qo;
+    qo.max_requests = o.max_queued;
+    qo.lease_seconds = o.lease_seconds;
+    qo.max_attempts = o.max_attempts;
+    qo.sync = o.queue_sync;
+    qo.max_db_bytes = o.max_state_bytes;
+    // A corrupt or foreign file throws FormatError naming it: the server does not start.
+    queue = std::make_unique<queue::Queue>(queue::Queue::open(queue::queue_path(o.state_dir), qo));
+    QueueWorkerOptions wo;
+    wo.worker_id = o.worker_id;
+    wo.lease_seconds = o.lease_seconds;
+    wo.batch_share = o.batch_share;
+    wo.slots = o.slots;
+    wo.exec.limits = limits();
+    wo.exec.max_tokens_limit = o.max_tokens_limit;
+    wo.exec.metrics = &metrics;
+    QueueWorkerHooks h;
+    h.model_ids = [this] { return ids; };
+    h.acquire = [this](const std::string& id) { return acquire(id); };
+    h.interactive_busy = [this] { return active.load() > 0; };
+    h.ready = [this] { return ready(); };
+    worker = std::make_unique<QueueWorker>(*queue, std::move(wo), std::move(h));
+    BatchApiContext bc;
+    bc.queue = queue.get();
+    bc.model_ids = [this] { return ids; };
+    bc.limits = limits();
+    bc.max_file_bytes = o.max_file_bytes;
+    batches = std::make_unique<BatchApi>(std::move(bc));
   }
 
   bool ready() const {
@@ -308,7 +360,8 @@ struct Server::Impl {
 
   std::string endpoint_label(const std::string& path) const {
     static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
-                                  "/health", "/metrics", "/slots"};
+                                  "/health", "/metrics", "/slots", "/v1/generate", "/v1/generate/get_results", "/v1/files",
+                                  "/v1/batches"};
     for (const char* k : known)
       if (path == k) return k;
     return "other";
@@ -333,6 +386,17 @@ struct Server::Impl {
       if (draining && req.path != "/metrics") {
         send_error(res, api_error(503, "the server is shutting down", "", "draining"));
         return httplib::Server::HandlerResponse::Handled;
+      }
+      // With a state dir the transport accepts uploads up to --max-file-bytes; every other
+      // endpoint keeps --max-body-bytes (checked here, before the body is read).
+      if (batches && req.path.rfind("/v1/files", 0) != 0 && req.has_header("Content-Length")) {
+        const std::string len = req.get_header_value("Content-Length");
+        const bool digits = !len.empty() && len.size() < 19 && len.find_first_not_of("0123456789") == std::string::npos;
+        if (!digits || std::stoll(len) > o.max_body_bytes) {
+          send_error(res, api_error(413, "the request body is larger than the limit (" + std::to_string(o.max_body_bytes) +
+                                             " bytes, --max-body-bytes)"));
+          return httplib::Server::HandlerResponse::Handled;
+        }
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
@@ -403,7 +467,9 @@ struct Server::Impl {
         g.cancelled += s.requests_cancelled;
         ++g.loaded_models;
       }
-      res.set_content(metrics.render(g), "text/plain; version=0.0.4");
+      std::string text = metrics.render(g);
+      if (worker) text += queue_metrics();
+      res.set_content(text, "text/plain; version=0.0.4");
     });
     http.Get("/slots", [this](const httplib::Request&, httplib::Response& res) {
       json out = json::array();
@@ -460,6 +526,167 @@ struct Server::Impl {
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
       generate(Endpoint::ChatCompletions, req, res);
     });
+    if (batches) {
+      batches->register_routes(http);
+      http.Post("/v1/generate", [this](const httplib::Request& req, httplib::Response& res) { queue_generate(req, res); });
+      http.Post("/v1/generate/get_results",
+                [this](const httplib::Request& req, httplib::Response& res) { get_results(req, res); });
+    } else {
+      auto no_queue = [](const httplib::Request& req, httplib::Response& res) {
+        send_error(res, api_error(404, escape_invalid_utf8(req.path) +
+                                           " needs the persistent queue: start the server with --state-dir DIR",
+                                  "", "not_found"));
+      };
+      const char* pattern = R"(/v1/(files|batches|generate)(/.*)?)";
+      http.Get(pattern, no_queue);
+      http.Post(pattern, no_queue);
+      http.Delete(pattern, no_queue);
+    }
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Queue-native generate: one queue row per prompt, ids at once; results polled.
+
+  static constexpr int64_t kMaxGeneratePrompts = 100000;
+
+  void queue_generate(const httplib::Request& req, httplib::Response& res) {
+    json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object())
+      return send_error(res, api_error(400, "the body must be a JSON object", "", "invalid_json"));
+    auto pit = body.find("prompts");
+    if (pit == body.end() || !pit->is_array() || pit->empty())
+      return send_error(res, api_error(400, "'prompts' must be a non-empty array of prompts (strings or token id arrays)", "prompts"));
+    if (static_cast<int64_t>(pit->size()) > kMaxGeneratePrompts)
+      return send_error(res, api_error(400, "'prompts' has " + std::to_string(pit->size()) + " entries; at most " +
+                                                std::to_string(kMaxGeneratePrompts) + " per call (use /v1/batches for more)",
+                                       "prompts"));
+    if (body.contains("prompt"))
+      return send_error(res, api_error(400, "give 'prompts' (a list), not 'prompt', to /v1/generate", "prompt"));
+    if (auto st = body.find("stream"); st != body.end() && st->is_boolean() && st->get<bool>())
+      return send_error(res, api_error(400, "'stream' is not supported by /v1/generate (poll /v1/generate/get_results)", "stream"));
+    json prompts = std::move(*pit);
+    body.erase("prompts");
+    std::vector<queue::NewRequest> rows;
+    rows.reserve(prompts.size());
+    const RequestLimits lim = limits();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (!prompts[i].is_string() && !prompts[i].is_array())
+        return send_error(res, api_error(400, "'prompts[" + std::to_string(i) + "]' must be a string or an array of token ids", "prompts"));
+      json one = body;
+      one["prompt"] = prompts[i];
+      std::string text = dump(one);
+      auto parsed = parse_request(Endpoint::Completions, text, lim, ids);
+      if (auto* e = std::get_if<ApiError>(&parsed)) {
+        ApiError err = *e;
+        if (err.param == "prompt") {
+          err.param = "prompts";
+          err.message = "prompts[" + std::to_string(i) + "]: " + err.message;
+        }
+        return send_error(res, err);
+      }
+      const ParsedRequest& r = std::get<ParsedRequest>(parsed);
+      if (r.prompts.size() != 1)
+        return send_error(res, api_error(400, "'prompts[" + std::to_string(i) + "]' must be one prompt (a string or one token id array)",
+                                         "prompts"));
+      if (!one.contains("model")) {
+        one["model"] = r.model;  // the row names its model: workers pick it without parsing
+        text = dump(one);
+      }
+      queue::NewRequest nr;
+      nr.model = r.model;
+      nr.body = std::move(text);
+      nr.endpoint = "/v1/completions";
+      rows.push_back(std::move(nr));
+    }
+    std::vector<queue::RequestId> got;
+    try {
+      got = queue->enqueue_many(rows);
+    } catch (const queue::QueueFullError& e) {
+      return send_error(res, api_error(429, e.what(), "", "queue_full"));
+    } catch (const queue::StorageFullError& e) {
+      return send_error(res, api_error(507, e.what(), "", "storage_full"));
+    } catch (const ValueError& e) {
+      return send_error(res, api_error(400, e.what()));
+    }
+    worker->wake();
+    json out = json::array();
+    for (auto id : got) out.push_back("req-" + std::to_string(id));
+    res.set_content(dump({{"object", "list"}, {"request_ids", out}}), "application/json");
+  }
+
+  static std::optional<queue::RequestId> parse_request_id(const json& v) {
+    if (!v.is_string()) return std::nullopt;
+    const std::string s = v.get<std::string>();
+    if (s.size() < 5 || s.size() > 24 || s.compare(0, 4, "req-") != 0) return std::nullopt;
+    if (s.find_first_not_of("0123456789", 4) != std::string::npos) return std::nullopt;
+    return static_cast<queue::RequestId>(std::stoll(s.substr(4)));
+  }
+
+  static json result_entry(const json& id, const std::optional<queue::RequestInfo>& info) {
+    json e = {{"request_id", id}, {"status", "failed"}, {"response", nullptr}, {"error", nullptr}};
+    if (!info) {
+      e["error"] = {{"message", "no such request: " + (id.is_string() ? id.get<std::string>() : dump(id))}, {"code", "not_found"}};
+      return e;
+    }
+    e["status"] = queue::to_string(info->state);
+    if (info->state == queue::RequestState::cancelled) e["error"] = {{"message", "the request was cancelled"}, {"code", "cancelled"}};
+    if (info->result) {
+      const queue::Result& r = *info->result;
+      json body = json::parse(r.body, nullptr, false);
+      if (r.status_code == 200 && r.error.empty() && !body.is_discarded()) {
+        e["response"] = std::move(body);
+      } else {
+        // An error result (a bad request found by the worker, an unknown model, out of attempts).
+        e["status"] = "failed";
+        std::string code = "http_" + std::to_string(r.status_code);
+        if (!body.is_discarded() && body.contains("error") && body["error"].is_object() && body["error"].contains("code") &&
+            body["error"]["code"].is_string())
+          code = body["error"]["code"].get<std::string>();
+        if (info->state == queue::RequestState::failed) code = "failed";
+        e["error"] = {{"message", r.error.empty() ? "request failed (status " + std::to_string(r.status_code) + ")" : r.error},
+                      {"code", code}, {"status_code", r.status_code}};
+      }
+    }
+    return e;
+  }
+
+  void get_results(const httplib::Request& req, httplib::Response& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object())
+      return send_error(res, api_error(400, "the body must be a JSON object", "", "invalid_json"));
+    auto it = body.find("request_ids");
+    if (it == body.end() || !it->is_array())
+      return send_error(res, api_error(400, "'request_ids' must be an array of ids from /v1/generate", "request_ids"));
+    if (static_cast<int64_t>(it->size()) > kMaxGeneratePrompts)
+      return send_error(res, api_error(400, "'request_ids' has more than " + std::to_string(kMaxGeneratePrompts) + " ids", "request_ids"));
+    double timeout = 0;
+    if (auto t = body.find("timeout"); t != body.end() && !t->is_null()) {
+      if (!t->is_number() || t->get<double>() < 0 || t->get<double>() > 60)
+        return send_error(res, api_error(400, "'timeout' must be a number of seconds in [0, 60]", "timeout"));
+      timeout = t->get<double>();
+    }
+    const json& want = *it;
+    std::vector<std::optional<queue::RequestId>> rids;
+    for (const auto& v : want) rids.push_back(parse_request_id(v));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
+    std::vector<std::optional<queue::RequestInfo>> infos(rids.size());
+    std::vector<bool> final_(rids.size(), false);
+    for (;;) {
+      bool all = true;
+      for (size_t i = 0; i < rids.size(); ++i) {
+        if (final_[i]) continue;
+        if (rids[i]) infos[i] = queue->get(*rids[i]);
+        final_[i] = !infos[i] || infos[i]->state == queue::RequestState::done ||
+                    infos[i]->state == queue::RequestState::failed || infos[i]->state == queue::RequestState::cancelled;
+        all = all && final_[i];
+      }
+      if (all || Clock::now() >= deadline || draining) break;
+      // The queue is a file other processes write too: polled, not signalled.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    json results = json::array();
+    for (size_t i = 0; i < rids.size(); ++i) results.push_back(result_entry(want[i], infos[i]));
+    res.set_content(dump({{"object", "list"}, {"results", results}}), "application/json");
   }
 
   // -------------------------------------------------------------------------------------------
@@ -598,12 +825,36 @@ struct Server::Impl {
         });
   }
 
+  std::string queue_metrics() const {
+    std::string out;
+    auto counter = [&](const char* name, const char* help, uint64_t v) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + std::to_string(v) + "\n";
+    };
+    counter("corelm_queue_leased_total", "Queue rows this server leased.", worker->leased_total());
+    counter("corelm_queue_completed_total", "Queue rows this server stored a result for.", worker->completed_total());
+    out += "# HELP corelm_queue_depth Rows of the persistent queue by state (every server sharing the state dir).\n"
+           "# TYPE corelm_queue_depth gauge\n";
+    try {
+      const queue::Counts c = queue->counts();
+      const std::pair<const char*, int64_t> states[] = {{"queued", c.queued}, {"running", c.running}, {"done", c.done},
+                                                        {"failed", c.failed}, {"cancelled", c.cancelled}};
+      for (const auto& [state, n] : states)
+        out += std::string("corelm_queue_depth{state=\"") + state + "\"} " + std::to_string(n) + "\n";
+    } catch (const std::exception&) {
+      // The file is busy or unreadable right now: the gauge is left out of this scrape.
+    }
+    return out;
+  }
+
   bool drain() {
     draining = true;
+    if (worker) worker->stop_leasing();
+    if (batches) batches->stop();
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.drain_seconds));
     bool clean = true;
     for (const auto& [id, l] : loaded_models()) clean = l->scheduler->drain(deadline) && clean;
+    if (worker) worker->finish();  // acks what the schedulers finished
     // Let the handlers write what the schedulers finished (bounded).
     const auto flush_deadline = Clock::now() + std::chrono::seconds(5);
     while (active.load() > 0 && Clock::now() < flush_deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -625,7 +876,10 @@ int Server::bind() {
   secs(s.o.write_timeout_s, [&](time_t a, time_t b) { s.http.set_write_timeout(a, b); });
   s.http.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(s.o.keep_alive_timeout_s)));
   s.http.set_keep_alive_max_count(static_cast<size_t>(s.o.keep_alive_max));
-  s.http.set_payload_max_length(static_cast<size_t>(s.o.max_body_bytes));
+  // Uploads (/v1/files) may be larger; the pre-routing handler keeps the other endpoints at
+  // --max-body-bytes.
+  s.http.set_payload_max_length(static_cast<size_t>(
+      s.batches ? std::max<int64_t>(s.o.max_body_bytes, s.o.max_file_bytes + (1 << 20)) : s.o.max_body_bytes));
   s.http.set_tcp_nodelay(true);
   // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
   // silently take half the connections; SO_REUSEADDR alone still allows a quick restart.
@@ -651,6 +905,8 @@ void Server::serve() {
   Impl& s = *impl_;
   CORELM_CHECK(s.bound_port > 0, ValueError, "Server::serve before bind");
   s.loader = std::thread([&s] { s.load_pinned(); });
+  if (s.worker) s.worker->start();
+  if (s.batches) s.batches->start();
   s.http.listen_after_bind();
   if (s.loader.joinable()) s.loader.join();
 }
