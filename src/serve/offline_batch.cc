@@ -23,6 +23,7 @@
 #include "corelm/serve.h"
 #include "corelm/utf8.h"
 #include "executor.h"
+#include "queue_worker.h"
 
 namespace corelm::serve {
 namespace {
@@ -50,16 +51,10 @@ std::string hex64(uint64_t v) {
   return out;
 }
 
-// The seed a row samples with when its body has none: a function of what the row asks for (model,
-// endpoint, body), so a row redone after a crash, or the same line in another run, draws the same
-// tokens.
-uint64_t row_seed(const queue::LeasedRequest& r) {
-  uint64_t h = fnv1a(r.model);
-  h = fnv1a(std::string_view("\0", 1), h);
-  h = fnv1a(r.endpoint, h);
-  h = fnv1a(std::string_view("\0", 1), h);
-  return fnv1a(r.body, h);
-}
+// The seed a row samples with when its body has none: the queue worker's (a hash of endpoint,
+// model and body), so a row redone after a crash draws the same tokens, and `corelm run batch`
+// and `corelm serve`'s Batches API give the same answer to the same line.
+uint64_t row_seed(const queue::LeasedRequest& r) { return QueueWorker::seed_for(r.endpoint, r.model, r.body); }
 
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
