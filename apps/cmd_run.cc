@@ -1,5 +1,7 @@
 // corelm run classify|extract|score: corpus-scale batch inference over JSONL files (see
-// docs/SCALE-OUT.md). Argument parsing and printing only; the job lives in src/pipeline.
+// docs/SCALE-OUT.md); corelm run batch: an OpenAI batch input file run offline through the
+// persistent queue (docs/SERVING.md). Argument parsing and printing only; the jobs live in
+// src/pipeline and src/serve/offline_batch.
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -10,7 +12,9 @@
 #include "command_registry.h"
 #include "corelm/error.h"
 #include "corelm/pipeline.h"
+#include "corelm/thread_pool.h"
 #include "corelm/utf8.h"
+#include "serve/offline_batch.h"
 
 namespace corelm::cli {
 namespace {
@@ -135,11 +139,69 @@ void add_task(CLI::App& group, pipeline::TaskKind kind, const std::string& help)
   c->callback([a, c, kind] { run(*a, *c, kind); });
 }
 
+struct BatchArgs {
+  serve::OfflineBatchOptions o;
+  std::string precision = "bf16", sync = "full", shard = "0/1";
+  int threads = 1;
+  bool json = false;
+};
+
+void run_batch(BatchArgs& a) {
+  CORELM_CHECK(a.threads >= 1 && a.threads <= kMaxThreads, ValueError, "--threads must be in [1, ", kMaxThreads,
+               "] (got ", a.threads, ")");
+  CORELM_CHECK(a.sync == "full" || a.sync == "normal", ValueError, "--queue-sync must be full or normal (got '", a.sync,
+               "')");
+  a.o.precision = model::parse_precision(a.precision);
+  a.o.sync = a.sync == "full" ? queue::Sync::full : queue::Sync::normal;
+  parse_shard(a.shard, a.o.shard_index, a.o.shard_count);
+  set_num_threads(a.threads);
+  const serve::OfflineBatchSummary s = serve::run_offline_batch(a.o);
+  if (a.json) {
+    std::cout << s.to_json().dump() << "\n";
+  } else {
+    std::cerr << "run batch: " << s.total << " requests, " << s.completed << " completed, " << s.failed << " failed ("
+              << s.run_now << " run now" << (s.resumed ? ", resumed" : "") << ") -> " << s.output_path << ", "
+              << s.errors_path << "\n";
+  }
+}
+
+void add_batch(CLI::App& group) {
+  auto a = std::make_shared<BatchArgs>();
+  CLI::App* c = group.add_subcommand("batch", "Run an OpenAI batch input file ({custom_id, method, url, body} lines) "
+                                              "offline, exactly once (resumable)");
+  serve::OfflineBatchOptions& o = a->o;
+  c->add_option("--model", o.model, "model directory or file (config.json, model.safetensors, tokenizer.json)")
+      ->required();
+  c->add_option("--input", o.input, "batch input file (JSONL, one request per line)")->required();
+  c->add_option("--out", o.out, "output folder: output.jsonl, errors.jsonl, queue.sqlite (the journal), batch.json")
+      ->required();
+  c->add_option("--slots", o.slots, "sequences decoded together; up to 2x this many requests in flight")
+      ->capture_default_str();
+  c->add_option("--shard", a->shard, "run block i of N of the input (one --out per shard; outputs concatenate in order)")
+      ->capture_default_str();
+  c->add_option("--threads", a->threads, "threads")->capture_default_str();
+  c->add_option("--precision", a->precision, "bf16 (fast path, default), int8 or f32 (reference)")
+      ->capture_default_str();
+  c->add_option("--max-tokens-limit", o.max_tokens_limit, "a body asking for more max_tokens fails (400)")
+      ->capture_default_str();
+  c->add_option("--max-attempts", o.max_attempts,
+                "runs of one request (a crash while it runs counts) before its error result")
+      ->capture_default_str();
+  c->add_option("--queue-sync", a->sync, "full: fsync every commit; normal: survive kill -9, not a power cut")
+      ->capture_default_str();
+  c->add_flag("--overwrite", o.overwrite, "discard an --out made from another input file or model");
+  c->add_flag("--progress", o.progress, "live progress line on stderr even when it is not a terminal");
+  c->add_flag("--no-queue", o.no_queue, "benchmark baseline: no journal, results in memory (not resumable)");
+  c->add_flag("--json", a->json, "print a JSON summary on stdout");
+  c->callback([a] { run_batch(*a); });
+}
+
 RegisterCommand reg([](CLI::App& root) {
   CLI::App& group = subcommand_group(root, "run", "Classify, extract from or score JSONL corpora (exactly once)");
   add_task(group, pipeline::TaskKind::Classify, "Label each record by the log-likelihood of each label");
   add_task(group, pipeline::TaskKind::Extract, "Greedy (optionally constrained) generation per record");
   add_task(group, pipeline::TaskKind::Score, "Mean log-likelihood and perplexity per record");
+  add_batch(group);
 });
 
 }  // namespace
