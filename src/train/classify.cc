@@ -283,21 +283,85 @@ double ClassifyObjective::evaluate(const model::Decoder& model, int64_t step,
   for (const auto& r : dev_) labels.push_back(r.label);
   const CalibrationStats s = calibration_stats(logits, labels, 1.0);
   fields.emplace_back("dev_accuracy", s.accuracy);
-  if (s.accuracy > best_acc_ || (s.accuracy == best_acc_ && s.nll < best_loss_)) {
+  const bool scheduled = steps_ < 0 || step == steps_ || (eval_every_ > 0 && step % eval_every_ == 0);
+  if (scheduled && (s.accuracy > best_acc_ || (s.accuracy == best_acc_ && s.nll < best_loss_))) {
     best_acc_ = s.accuracy;
     best_loss_ = s.nll;
     best_step_ = step;
     best_.clear();
-    for (const auto& [name, t] : model.named_parameters()) best_.push_back(t.detach().clone());
+    best_names_.clear();
+    for (const auto& [name, t] : model.named_parameters()) {
+      best_.push_back(t.detach().clone());
+      best_names_.push_back(name);
+    }
+    persist_best();
   }
   return s.nll;
+}
+
+namespace {
+std::string exact(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+}  // namespace
+
+void ClassifyObjective::persist_best() const {
+  if (best_path_.empty() || best_.empty()) return;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t i = 0; i < best_.size(); ++i) tensors.emplace_back(best_names_[i], best_[i]);
+  io::save_safetensors(best_path_, tensors,
+                       {{"step", std::to_string(best_step_)}, {"dev_accuracy", exact(best_acc_)}, {"dev_loss", exact(best_loss_)}});
+}
+
+void ClassifyObjective::on_start(const std::string& out_dir, int64_t resumed_step, int64_t eval_every, int64_t steps) {
+  eval_every_ = eval_every;
+  steps_ = steps;
+  if (out_dir.empty()) return;
+  best_path_ = (fs::path(out_dir) / "best_dev.safetensors").string();
+  std::error_code ec;
+  if (resumed_step < 0 || !fs::exists(best_path_, ec)) {
+    fs::remove(best_path_, ec);  // a fresh run: an older run's best is not this one's
+    return;
+  }
+  const io::SafetensorsFile f = io::SafetensorsFile::open(best_path_);
+  const auto& md = f.metadata();
+  auto field = [&](const char* k) -> const std::string& {
+    auto it = md.find(k);
+    CORELM_CHECK(it != md.end(), FormatError, best_path_, ": metadata '", k, "' is missing (not a best_dev file)");
+    return it->second;
+  };
+  int64_t step = 0;
+  double acc = 0, loss = 0;
+  try {
+    step = std::stoll(field("step"));
+    acc = std::stod(field("dev_accuracy"));
+    loss = std::stod(field("dev_loss"));
+  } catch (const std::logic_error&) {  // stoll/stod: not a number
+    throw FormatError(best_path_ + ": metadata step/dev_accuracy/dev_loss is not a number");
+  }
+  if (step > resumed_step) return;  // from after the checkpoint: the resumed run finds it again
+  best_step_ = step;
+  best_acc_ = acc;
+  best_loss_ = loss;
+  best_.clear();
+  best_names_.clear();
+  for (const std::string& name : f.names()) {
+    best_.push_back(f.get(name).clone());
+    best_names_.push_back(name);
+  }
 }
 
 void ClassifyObjective::restore_best(model::Decoder& model) const {
   if (best_.empty()) return;
   const auto& named = model.named_parameters();
   CORELM_CHECK(named.size() == best_.size(), ValueError, "classify: the best parameters do not match the model");
-  for (size_t i = 0; i < named.size(); ++i) model.load_parameter(named[i].first, best_[i]);
+  for (size_t i = 0; i < named.size(); ++i) {
+    CORELM_CHECK(named[i].first == best_names_[i], ValueError, "classify: the best parameters name '", best_names_[i],
+                 "' where the model has '", named[i].first, "'");
+    model.load_parameter(named[i].first, best_[i]);
+  }
 }
 
 ClassifyFinish finish_classifier(model::Decoder& model, const ClassifyObjective& objective,
