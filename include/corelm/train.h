@@ -343,6 +343,17 @@ struct ClassifyDataOptions {
 // FormatError naming the file when it holds no record. Blank lines are skipped.
 std::vector<ClassifyRecord> load_classify_records(const std::string& path, const Tokenizer& tokenizer,
                                                   const ClassifyDataOptions& options);
+// load_classify_records in two halves, so a caller that needs the text first (to train a
+// tokenizer on it) reads the file once: the validated records with their text and FILE:LINE...
+struct ClassifyText {
+  std::string text;   // the text field, without the template
+  int64_t label = 0;  // index into the labels
+  std::string where;  // FILE:LINE, for the errors of encoding
+};
+std::vector<ClassifyText> read_classify_texts(const std::string& path, const ClassifyDataOptions& options);
+// ... and their encoding (template applied, truncated to max_tokens).
+std::vector<ClassifyRecord> encode_classify_records(const std::vector<ClassifyText>& texts, const Tokenizer& tokenizer,
+                                                    const ClassifyDataOptions& options);
 // Labels that occur in `records`, and how often (index = label id).
 std::vector<int64_t> label_counts(const std::vector<ClassifyRecord>& records, size_t num_labels);
 // Stratified split: of each class, the last round(fraction * count) records (in file order; at least

@@ -43,16 +43,22 @@ std::vector<double> log_probs(const std::vector<float>& z, double temperature) {
 
 }  // namespace
 
-std::vector<ClassifyRecord> load_classify_records(const std::string& path, const Tokenizer& tokenizer,
-                                                  const ClassifyDataOptions& o) {
+namespace {
+// The template's text around {text}; ValueError for a bad template, too few labels or max_tokens.
+std::pair<std::string, std::string> template_parts(const ClassifyDataOptions& o) {
   CORELM_CHECK(o.labels.size() >= 2, ValueError, "classify: --labels needs at least two labels, got ",
                o.labels.size(), " (", label_set(o.labels), ")");
   const size_t at = o.template_text.find("{text}");
   CORELM_CHECK(at != std::string::npos && o.template_text.find("{text}", at + 1) == std::string::npos, ValueError,
                "classify: --template must hold {text} exactly once: '", o.template_text, "'");
   CORELM_CHECK(o.max_tokens >= 1, ValueError, "classify: --seq must be positive, got ", o.max_tokens);
-  const std::string prefix = o.template_text.substr(0, at), suffix = o.template_text.substr(at + 6);
-  std::vector<ClassifyRecord> out;
+  return {o.template_text.substr(0, at), o.template_text.substr(at + 6)};
+}
+}  // namespace
+
+std::vector<ClassifyText> read_classify_texts(const std::string& path, const ClassifyDataOptions& o) {
+  template_parts(o);
+  std::vector<ClassifyText> out;
   detail::for_each_jsonl_record(path, [&](const nlohmann::json& j, const std::string& where) {
     CORELM_CHECK(j.is_object(), FormatError, where, ": expected an object {\"", o.text_field, "\": ..., \"",
                  o.label_field, "\": ...}");
@@ -68,16 +74,32 @@ std::vector<ClassifyRecord> load_classify_records(const std::string& path, const
     const auto it = std::find(o.labels.begin(), o.labels.end(), label);
     CORELM_CHECK(it != o.labels.end(), FormatError, where, ": label '", escape_invalid_utf8(label),
                  "' is not one of --labels (", label_set(o.labels), ")");
-    ClassifyRecord r;
-    r.label = it - o.labels.begin();
-    r.ids = tokenizer.encode(prefix + j[o.text_field].get<std::string>() + suffix);
-    if (r.ids.empty() && tokenizer.eos_id()) r.ids.push_back(*tokenizer.eos_id());
-    CORELM_CHECK(!r.ids.empty(), FormatError, where, ": the text encodes to no tokens");
-    if (static_cast<int64_t>(r.ids.size()) > o.max_tokens) r.ids.resize(static_cast<size_t>(o.max_tokens));
-    out.push_back(std::move(r));
+    out.push_back(ClassifyText{j[o.text_field].get<std::string>(), it - o.labels.begin(), where});
   });
   CORELM_CHECK(!out.empty(), FormatError, path, ": no records (empty data)");
   return out;
+}
+
+std::vector<ClassifyRecord> encode_classify_records(const std::vector<ClassifyText>& texts, const Tokenizer& tokenizer,
+                                                    const ClassifyDataOptions& o) {
+  const auto [prefix, suffix] = template_parts(o);
+  std::vector<ClassifyRecord> out;
+  out.reserve(texts.size());
+  for (const ClassifyText& t : texts) {
+    ClassifyRecord r;
+    r.label = t.label;
+    r.ids = tokenizer.encode(prefix + t.text + suffix);
+    if (r.ids.empty() && tokenizer.eos_id()) r.ids.push_back(*tokenizer.eos_id());
+    CORELM_CHECK(!r.ids.empty(), FormatError, t.where, ": the text encodes to no tokens");
+    if (static_cast<int64_t>(r.ids.size()) > o.max_tokens) r.ids.resize(static_cast<size_t>(o.max_tokens));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<ClassifyRecord> load_classify_records(const std::string& path, const Tokenizer& tokenizer,
+                                                  const ClassifyDataOptions& o) {
+  return encode_classify_records(read_classify_texts(path, o), tokenizer, o);
 }
 
 std::vector<int64_t> label_counts(const std::vector<ClassifyRecord>& records, size_t num_labels) {
