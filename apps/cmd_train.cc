@@ -331,24 +331,23 @@ int run_classify(const TrainArgs& a) {
     tmpl = config.classifier_template;
   const std::string pooling = !a.pooling.empty() ? a.pooling : config.has_classifier() ? config.classifier_pooling : "last";
 
+  train::ClassifyDataOptions d;
+  d.labels = labels;
+  d.text_field = a.text_field;
+  d.label_field = a.label_field;
+  d.template_text = tmpl;
+  d.max_tokens = std::min<int64_t>(a.seq, config.max_position_embeddings);
+  // Read (and checked, naming FILE:LINE) once: the text trains the tokenizer when none is given.
+  const std::vector<train::ClassifyText> texts = train::read_classify_texts(a.data[0], d);
   std::string tokenizer_path = given_tokenizer_path(a, start);
   if (tokenizer_path.empty()) {
     // A BPE of the task's own text: the vocabulary a small-data model can afford.
     const std::string corpus = (fs::path(a.out) / ".bpe_corpus.txt").string();
     {
       fs::create_directories(a.out);
-      std::ifstream in(a.data[0], std::ios::binary);
-      CORELM_CHECK(in.good(), IOError, a.data[0], ": cannot open");
       std::ofstream o(corpus, std::ios::binary | std::ios::trunc);
-      std::string line;
-      while (std::getline(in, line)) {
-        try {
-          const nlohmann::json j = nlohmann::json::parse(line);
-          if (j.is_object() && j.contains(a.text_field) && j[a.text_field].is_string())
-            o << j[a.text_field].get<std::string>() << "\n";
-        } catch (const nlohmann::json::exception&) {
-        }  // load_classify_records names the bad line below
-      }
+      for (const auto& t : texts) o << t.text << "\n";
+      CORELM_CHECK(o.flush().good(), IOError, corpus, ": cannot write the tokenizer's training text");
     }
     BpeTrainOptions bpe;
     bpe.vocab_size = static_cast<size_t>(config.vocab_size);
@@ -362,14 +361,7 @@ int run_classify(const TrainArgs& a) {
   }
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(tokenizer_path);
   fit_vocab_to_tokenizer(a, start, tokenizer_path, *tok, config);
-
-  train::ClassifyDataOptions d;
-  d.labels = labels;
-  d.text_field = a.text_field;
-  d.label_field = a.label_field;
-  d.template_text = tmpl;
-  d.max_tokens = std::min<int64_t>(a.seq, config.max_position_embeddings);
-  std::vector<train::ClassifyRecord> records = train::load_classify_records(a.data[0], *tok, d);
+  std::vector<train::ClassifyRecord> records = train::encode_classify_records(texts, *tok, d);
   std::vector<train::ClassifyRecord> train_records, dev_records;
   if (!a.dev.empty()) {
     train_records = std::move(records);

@@ -31,19 +31,10 @@ mkdir -p "$out"
 work="$build/llama_cpp_peer"
 mkdir -p "$work"
 
-# The model: `tiny` preset, random weights (HF init plus one optimizer step, so the checkpoint comes
-# from the normal training path), with a BPE tokenizer learned from the KJV text so llama.cpp
+# The model: `tiny` preset, random weights with a KJV BPE (bench/random_tiny.sh), so llama.cpp
 # finds a real vocabulary in the GGUF (corelm pads it to the model's 16384 ids). Cached in $work.
-if [[ ! -f $work/model/config.json ]]; then
-  echo "llama_cpp_peer: making the tiny model in $work/model"
-  [[ -f $work/kjv.txt ]] || "$here/scripts/kjv-text" "$work/kjv.txt"
-  "$corelm" tokenizer train --vocab-size 16384 --input "$work/kjv.txt" --output "$work/tokenizer.json" \
-    --no-progress >/dev/null
-  rm -rf "$work/model.tmp"
-  "$corelm" train --preset tiny --tokenizer "$work/tokenizer.json" --data "$work/kjv.txt" --steps 1 \
-    --batch 1 --seq 32 --out "$work/model.tmp" --no-progress >/dev/null
-  mv "$work/model.tmp" "$work/model"
-fi
+. "$here/bench/random_tiny.sh"
+make_random_tiny "$corelm" "$here" "$work" "$work/model"
 for dt in $dtypes; do
   [[ -f $work/tiny-$dt.gguf ]] && continue
   "$corelm" convert "$work/model" "$work/tiny-$dt.gguf.tmp" --to gguf --dtype "$dt" >/dev/null 2>&1 ||

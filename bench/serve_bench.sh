@@ -14,7 +14,7 @@
 #   SLOTS (64) CTX (512 per slot) CLIENTS (64) REQUESTS (256) MAX_TOKENS (64) SEED (1)
 #   DTYPE         GGUF weight type (bf16 | f32 | q8_0; default bf16)
 #   MODEL_SRC     model to convert (default /work/pretrained/tiny-corpus-17M when present, else a
-#                 random-weight `tiny` made like bench/llama_cpp_peer.sh does, also with MODEL_SRC=random);
+#                 random-weight `tiny` from bench/random_tiny.sh, also with MODEL_SRC=random);
 #                 GGUF=path skips the conversion
 #   ONLY          llama | corelm: run one server only (the other's JSON already in out-dir, if any,
 #                 still goes into serve_bench.json and the ratios)
@@ -74,16 +74,8 @@ if [[ -z $gguf ]]; then
   if [[ -z $src && -f /work/pretrained/tiny-corpus-17M/config.json ]]; then src=/work/pretrained/tiny-corpus-17M; fi
   if [[ -z $src || $src == random ]]; then
     src="$work/random-tiny"
-    if [[ ! -f $src/config.json ]]; then
-      echo "serve_bench: making a random-weight tiny model in $src"
-      [[ -f $work/kjv.txt ]] || "$here/scripts/kjv-text" "$work/kjv.txt"
-      "$corelm" tokenizer train --vocab-size 16384 --input "$work/kjv.txt" --output "$work/tokenizer.json" \
-        --no-progress >/dev/null
-      rm -rf "$src.tmp"
-      "$corelm" train --preset tiny --tokenizer "$work/tokenizer.json" --data "$work/kjv.txt" --steps 1 \
-        --batch 1 --seq 32 --out "$src.tmp" --no-progress >/dev/null
-      mv "$src.tmp" "$src"
-    fi
+    . "$here/bench/random_tiny.sh"
+    make_random_tiny "$corelm" "$here" "$work" "$src"
   fi
   gguf="$work/$(basename "$src")-$dtype.gguf"
   if [[ ! -f $gguf ]]; then

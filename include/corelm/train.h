@@ -156,6 +156,11 @@ class Objective {
   // line) and returns the validation loss (NaN: none).
   virtual double evaluate(const model::Decoder& model, int64_t step,
                           std::vector<std::pair<std::string, double>>& fields) = 0;
+  // Called once by train() before the first step: `resumed_step` is the checkpoint's step on
+  // --resume, -1 for a fresh start; eval_every and steps are the run's schedule (an evaluation at
+  // another step is an interruption's). An objective that keeps state across evaluations
+  // persists it under out_dir and reloads it here, so a resumed run ends as an uninterrupted one.
+  virtual void on_start(const std::string& out_dir, int64_t resumed_step, int64_t eval_every, int64_t steps) {}
 };
 
 struct TrainOptions {
@@ -338,6 +343,17 @@ struct ClassifyDataOptions {
 // FormatError naming the file when it holds no record. Blank lines are skipped.
 std::vector<ClassifyRecord> load_classify_records(const std::string& path, const Tokenizer& tokenizer,
                                                   const ClassifyDataOptions& options);
+// load_classify_records in two halves, so a caller that needs the text first (to train a
+// tokenizer on it) reads the file once: the validated records with their text and FILE:LINE...
+struct ClassifyText {
+  std::string text;   // the text field, without the template
+  int64_t label = 0;  // index into the labels
+  std::string where;  // FILE:LINE, for the errors of encoding
+};
+std::vector<ClassifyText> read_classify_texts(const std::string& path, const ClassifyDataOptions& options);
+// ... and their encoding (template applied, truncated to max_tokens).
+std::vector<ClassifyRecord> encode_classify_records(const std::vector<ClassifyText>& texts, const Tokenizer& tokenizer,
+                                                    const ClassifyDataOptions& options);
 // Labels that occur in `records`, and how often (index = label id).
 std::vector<int64_t> label_counts(const std::vector<ClassifyRecord>& records, size_t num_labels);
 // Stratified split: of each class, the last round(fraction * count) records (in file order; at least
@@ -401,7 +417,13 @@ struct ClassifyTrainOptions {
 
 // The head's objective for train(): cross-entropy (with label smoothing) on the head logits;
 // each evaluation scores the dev records (dev_accuracy, dev_loss) and keeps a copy of the
-// parameters of the best one (highest accuracy, ties by the lower loss).
+// parameters of the best one (highest accuracy, ties by the lower loss). The copy is also written
+// to out_dir/best_dev.safetensors (atomically, its step, accuracy and loss in the metadata) so a
+// run stopped by a signal or a crash resumes with its best-so-far choice; a best from after the
+// resumed checkpoint is dropped (the resumed run evaluates those steps again). Only the run's
+// scheduled evaluations compete (every eval_every steps and the last step): the evaluation at an
+// interruption is logged but not chosen, so a stopped-and-resumed run picks what a straight one
+// picks.
 class ClassifyObjective : public Objective {
  public:
   ClassifyObjective(const std::vector<ClassifyRecord>& dev, const ClassifyTrainOptions& options);
@@ -413,13 +435,18 @@ class ClassifyObjective : public Objective {
   double best_loss() const { return best_loss_; }
   // Copies the best evaluation's parameters into `model` (no-op without one).
   void restore_best(model::Decoder& model) const;
+  void on_start(const std::string& out_dir, int64_t resumed_step, int64_t eval_every, int64_t steps) override;
 
  private:
+  void persist_best() const;
   const std::vector<ClassifyRecord>& dev_;
   ClassifyTrainOptions opt_;
   int64_t best_step_ = -1;
   double best_acc_ = -1, best_loss_ = 0;
   std::vector<Tensor> best_;
+  std::vector<std::string> best_names_;
+  std::string best_path_;  // "" until on_start
+  int64_t eval_every_ = 0, steps_ = -1;  // steps_ -1: no schedule known, every evaluation competes
 };
 
 struct ClassifyFinish {

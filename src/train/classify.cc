@@ -43,16 +43,22 @@ std::vector<double> log_probs(const std::vector<float>& z, double temperature) {
 
 }  // namespace
 
-std::vector<ClassifyRecord> load_classify_records(const std::string& path, const Tokenizer& tokenizer,
-                                                  const ClassifyDataOptions& o) {
+namespace {
+// The template's text around {text}; ValueError for a bad template, too few labels or max_tokens.
+std::pair<std::string, std::string> template_parts(const ClassifyDataOptions& o) {
   CORELM_CHECK(o.labels.size() >= 2, ValueError, "classify: --labels needs at least two labels, got ",
                o.labels.size(), " (", label_set(o.labels), ")");
   const size_t at = o.template_text.find("{text}");
   CORELM_CHECK(at != std::string::npos && o.template_text.find("{text}", at + 1) == std::string::npos, ValueError,
                "classify: --template must hold {text} exactly once: '", o.template_text, "'");
   CORELM_CHECK(o.max_tokens >= 1, ValueError, "classify: --seq must be positive, got ", o.max_tokens);
-  const std::string prefix = o.template_text.substr(0, at), suffix = o.template_text.substr(at + 6);
-  std::vector<ClassifyRecord> out;
+  return {o.template_text.substr(0, at), o.template_text.substr(at + 6)};
+}
+}  // namespace
+
+std::vector<ClassifyText> read_classify_texts(const std::string& path, const ClassifyDataOptions& o) {
+  template_parts(o);
+  std::vector<ClassifyText> out;
   detail::for_each_jsonl_record(path, [&](const nlohmann::json& j, const std::string& where) {
     CORELM_CHECK(j.is_object(), FormatError, where, ": expected an object {\"", o.text_field, "\": ..., \"",
                  o.label_field, "\": ...}");
@@ -68,16 +74,32 @@ std::vector<ClassifyRecord> load_classify_records(const std::string& path, const
     const auto it = std::find(o.labels.begin(), o.labels.end(), label);
     CORELM_CHECK(it != o.labels.end(), FormatError, where, ": label '", escape_invalid_utf8(label),
                  "' is not one of --labels (", label_set(o.labels), ")");
-    ClassifyRecord r;
-    r.label = it - o.labels.begin();
-    r.ids = tokenizer.encode(prefix + j[o.text_field].get<std::string>() + suffix);
-    if (r.ids.empty() && tokenizer.eos_id()) r.ids.push_back(*tokenizer.eos_id());
-    CORELM_CHECK(!r.ids.empty(), FormatError, where, ": the text encodes to no tokens");
-    if (static_cast<int64_t>(r.ids.size()) > o.max_tokens) r.ids.resize(static_cast<size_t>(o.max_tokens));
-    out.push_back(std::move(r));
+    out.push_back(ClassifyText{j[o.text_field].get<std::string>(), it - o.labels.begin(), where});
   });
   CORELM_CHECK(!out.empty(), FormatError, path, ": no records (empty data)");
   return out;
+}
+
+std::vector<ClassifyRecord> encode_classify_records(const std::vector<ClassifyText>& texts, const Tokenizer& tokenizer,
+                                                    const ClassifyDataOptions& o) {
+  const auto [prefix, suffix] = template_parts(o);
+  std::vector<ClassifyRecord> out;
+  out.reserve(texts.size());
+  for (const ClassifyText& t : texts) {
+    ClassifyRecord r;
+    r.label = t.label;
+    r.ids = tokenizer.encode(prefix + t.text + suffix);
+    if (r.ids.empty() && tokenizer.eos_id()) r.ids.push_back(*tokenizer.eos_id());
+    CORELM_CHECK(!r.ids.empty(), FormatError, t.where, ": the text encodes to no tokens");
+    if (static_cast<int64_t>(r.ids.size()) > o.max_tokens) r.ids.resize(static_cast<size_t>(o.max_tokens));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<ClassifyRecord> load_classify_records(const std::string& path, const Tokenizer& tokenizer,
+                                                  const ClassifyDataOptions& o) {
+  return encode_classify_records(read_classify_texts(path, o), tokenizer, o);
 }
 
 std::vector<int64_t> label_counts(const std::vector<ClassifyRecord>& records, size_t num_labels) {
@@ -283,21 +305,85 @@ double ClassifyObjective::evaluate(const model::Decoder& model, int64_t step,
   for (const auto& r : dev_) labels.push_back(r.label);
   const CalibrationStats s = calibration_stats(logits, labels, 1.0);
   fields.emplace_back("dev_accuracy", s.accuracy);
-  if (s.accuracy > best_acc_ || (s.accuracy == best_acc_ && s.nll < best_loss_)) {
+  const bool scheduled = steps_ < 0 || step == steps_ || (eval_every_ > 0 && step % eval_every_ == 0);
+  if (scheduled && (s.accuracy > best_acc_ || (s.accuracy == best_acc_ && s.nll < best_loss_))) {
     best_acc_ = s.accuracy;
     best_loss_ = s.nll;
     best_step_ = step;
     best_.clear();
-    for (const auto& [name, t] : model.named_parameters()) best_.push_back(t.detach().clone());
+    best_names_.clear();
+    for (const auto& [name, t] : model.named_parameters()) {
+      best_.push_back(t.detach().clone());
+      best_names_.push_back(name);
+    }
+    persist_best();
   }
   return s.nll;
+}
+
+namespace {
+std::string exact(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+}  // namespace
+
+void ClassifyObjective::persist_best() const {
+  if (best_path_.empty() || best_.empty()) return;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t i = 0; i < best_.size(); ++i) tensors.emplace_back(best_names_[i], best_[i]);
+  io::save_safetensors(best_path_, tensors,
+                       {{"step", std::to_string(best_step_)}, {"dev_accuracy", exact(best_acc_)}, {"dev_loss", exact(best_loss_)}});
+}
+
+void ClassifyObjective::on_start(const std::string& out_dir, int64_t resumed_step, int64_t eval_every, int64_t steps) {
+  eval_every_ = eval_every;
+  steps_ = steps;
+  if (out_dir.empty()) return;
+  best_path_ = (fs::path(out_dir) / "best_dev.safetensors").string();
+  std::error_code ec;
+  if (resumed_step < 0 || !fs::exists(best_path_, ec)) {
+    fs::remove(best_path_, ec);  // a fresh run: an older run's best is not this one's
+    return;
+  }
+  const io::SafetensorsFile f = io::SafetensorsFile::open(best_path_);
+  const auto& md = f.metadata();
+  auto field = [&](const char* k) -> const std::string& {
+    auto it = md.find(k);
+    CORELM_CHECK(it != md.end(), FormatError, best_path_, ": metadata '", k, "' is missing (not a best_dev file)");
+    return it->second;
+  };
+  int64_t step = 0;
+  double acc = 0, loss = 0;
+  try {
+    step = std::stoll(field("step"));
+    acc = std::stod(field("dev_accuracy"));
+    loss = std::stod(field("dev_loss"));
+  } catch (const std::logic_error&) {  // stoll/stod: not a number
+    throw FormatError(best_path_ + ": metadata step/dev_accuracy/dev_loss is not a number");
+  }
+  if (step > resumed_step) return;  // from after the checkpoint: the resumed run finds it again
+  best_step_ = step;
+  best_acc_ = acc;
+  best_loss_ = loss;
+  best_.clear();
+  best_names_.clear();
+  for (const std::string& name : f.names()) {
+    best_.push_back(f.get(name).clone());
+    best_names_.push_back(name);
+  }
 }
 
 void ClassifyObjective::restore_best(model::Decoder& model) const {
   if (best_.empty()) return;
   const auto& named = model.named_parameters();
   CORELM_CHECK(named.size() == best_.size(), ValueError, "classify: the best parameters do not match the model");
-  for (size_t i = 0; i < named.size(); ++i) model.load_parameter(named[i].first, best_[i]);
+  for (size_t i = 0; i < named.size(); ++i) {
+    CORELM_CHECK(named[i].first == best_names_[i], ValueError, "classify: the best parameters name '", best_names_[i],
+                 "' where the model has '", named[i].first, "'");
+    model.load_parameter(named[i].first, best_[i]);
+  }
 }
 
 ClassifyFinish finish_classifier(model::Decoder& model, const ClassifyObjective& objective,

@@ -358,6 +358,7 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
     adam.set_step_count(step);
   }
   result.start_step = step;
+  if (opt.objective) opt.objective->on_start(opt.out_dir, saved_step, opt.eval_every, opt.steps);
   std::ofstream log;
   if (root) {
     log.open(log_path, std::ios::app);

@@ -407,6 +407,59 @@ TEST(ClassifyTrain, ResumeIsBitIdentical) {
   fs::remove_all(t.dir);
 }
 
+// A run stopped between evaluations resumes with the best dev choice it had made (persisted in
+// out_dir/best_dev.safetensors) and ends with the same best step and weights as a straight run.
+TEST(ClassifyTrain, ResumeKeepsTheBestSoFar) {
+  ToyRun t = toy_run("resume_best");
+  struct Run {
+    int64_t best_step;
+    double best_acc;
+    std::vector<std::vector<float>> best;
+  };
+  auto run = [&](const fs::path& out, int64_t stop_at, bool resume) {
+    model::Decoder d(head_config({"RED", "BLUE"}));
+    d.init_weights(1);
+    ClassifyObjective obj(t.dev, ClassifyTrainOptions{});
+    ClassifySampler sampler(t.train, 2, false, 0, 7);
+    TrainOptions o = toy_options(out, 12);
+    o.objective = &obj;
+    o.stop_at = stop_at;
+    o.resume = resume;
+    train(d, sampler, nullptr, nullptr, "", o);
+    obj.restore_best(d);
+    Run r{obj.best_step(), obj.best_accuracy(), {}};
+    for (const auto& [name, p] : d.named_parameters()) r.best.push_back(floats(p));
+    return r;
+  };
+  const Run straight = run(t.dir / "a", 0, false);
+  const Run first = run(t.dir / "b", 7, false);  // step 5 competes; the evaluation at the stop (7) does not
+  EXPECT_EQ(first.best_step, 5);
+  const fs::path file = t.dir / "b" / "best_dev.safetensors";
+  ASSERT_TRUE(fs::exists(file));
+  {
+    ClassifyObjective probe(t.dev, ClassifyTrainOptions{});
+    probe.on_start((t.dir / "b").string(), 7, 5, 12);
+    EXPECT_TRUE(probe.has_best());
+    EXPECT_EQ(probe.best_step(), 5);
+    EXPECT_EQ(probe.best_accuracy(), first.best_acc);
+    ClassifyObjective early(t.dev, ClassifyTrainOptions{});
+    early.on_start((t.dir / "b").string(), 4, 5, 12);  // resuming before step 5: that best is not kept
+    EXPECT_FALSE(early.has_best());
+    EXPECT_TRUE(fs::exists(file));
+  }
+  const Run resumed = run(t.dir / "b", 0, true);
+  EXPECT_EQ(resumed.best_step, straight.best_step);
+  EXPECT_EQ(resumed.best_acc, straight.best_acc);
+  EXPECT_EQ(resumed.best, straight.best);
+  {
+    ClassifyObjective fresh(t.dev, ClassifyTrainOptions{});
+    fresh.on_start((t.dir / "b").string(), -1, 5, 12);  // a run without --resume drops an older best
+    EXPECT_FALSE(fresh.has_best());
+    EXPECT_FALSE(fs::exists(file));
+  }
+  fs::remove_all(t.dir);
+}
+
 TEST(ClassifySampler, EpochsVisitEveryRecordOnceAndBalancedDrawsEvenClasses) {
   std::vector<ClassifyRecord> recs;
   for (int i = 0; i < 30; ++i) recs.push_back({{static_cast<TokenId>(i + 1)}, i < 27 ? 0 : 1});
