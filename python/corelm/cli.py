@@ -4,7 +4,7 @@
     health                          the server's /health (exit 1 unless "ok")
     ls                              the models (/v1/models)
     generate PROMPT... [--model M] [--max-tokens N] [--temperature T] [--top-p P] [--seed S]
-             [--stop S]... [--input FILE]
+             [--stop S]... [--input FILE] [--batch-threshold N]
     batch submit FILE [--endpoint /v1/completions|/v1/chat/completions] [--wait]
     batch status ID | batch list | batch download ID OUT [--errors FILE] | batch cancel ID
 
@@ -51,6 +51,7 @@ def _cmd_generate(c, args):
         raise SystemExit("corelm-client generate: give PROMPT arguments or --input FILE")
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "seed": args.seed, "stop": args.stop or None}
+    c.batch_threshold = args.batch_threshold
     texts = c.generate(prompts, model=args.model, **sampling)
     if args.json:
         for p, t in zip(prompts, texts):
@@ -123,6 +124,8 @@ def build_parser():
     g.add_argument("--top-p", type=float)
     g.add_argument("--seed", type=int)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--batch-threshold", type=int, default=10000,
+                   help="more prompts than this go through Files + Batches (default: %(default)s)")
 
     b = sub.add_parser("batch", parents=[common], help="OpenAI Batches: submit, status, list, download, cancel",
                        description="The OpenAI Files + Batches API of the server (needs `corelm serve --state-dir`).")

@@ -515,8 +515,13 @@ class Client:
         batch = self.get_batch(batch_id)
         wanted = [("output_file_id", path)] + ([("error_file_id", errors_path)] if errors_path else [])
         if not batch.get("output_file_id") and not (errors_path and batch.get("error_file_id")):
-            raise CorelmError(None, "no_output", "batch %s (%s) has no output file yet"
-                              % (batch_id, batch.get("status")))
+            if batch.get("status") not in BATCH_TERMINAL_STATES:
+                why = "no output file yet"
+            elif batch.get("error_file_id"):
+                why = "no output file, only an error file (%s; pass errors_path / --errors)" % batch["error_file_id"]
+            else:
+                why = "no output file (errors: %s)" % json.dumps(batch.get("errors"))
+            raise CorelmError(None, "no_output", "batch %s (%s) has %s" % (batch_id, batch.get("status"), why))
         for field, dest in wanted:
             if not batch.get(field):
                 continue

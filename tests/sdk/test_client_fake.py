@@ -502,6 +502,12 @@ class FakeServerTest(unittest.TestCase):
         self.assertEqual((rc, out), (0, "<a>\n<b>\n"))
         rc, out, _ = self.run_cli("generate", "a", "--json")
         self.assertEqual(json.loads(out), {"prompt": "a", "text": "<a>"})
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+            f.write("x\n\ny\nz\n")
+            f.flush()
+            rc, out, _ = self.run_cli("generate", "w", "--input", f.name, "--batch-threshold", "2")
+            self.assertEqual((rc, out), (0, "<w>\n<x>\n<y>\n<z>\n"))
+            self.assertIn("/v1/batches", self.paths("POST"))
         rc, out, _ = self.run_cli("--json", "ls")
         self.assertEqual(json.loads(out)[0]["id"], "tiny")
         rc, _, err = self.run_cli("generate", "a", "--model", "nope")
