@@ -107,12 +107,12 @@ EOF
       [[ $mode == direct ]] && extra=(--no-queue)
       rm -rf "$d/rb_$mode"
       local s0; s0="$(now)"
-      run_pinned "$corelm" run batch --model "$model" --input "$d/in.jsonl" --out "$d/rb_$mode" --threads 1 \
+      run_pinned /usr/bin/time -o "$d/rb_${mode}_cpu.$rep.json" -f '{"user": %U, "sys": %S}' "$corelm" run batch --model "$model" --input "$d/in.jsonl" --out "$d/rb_$mode" --threads 1 \
         --slots "$slots" "${extra[@]}" --json >"$d/rb_$mode.$rep.json" 2>"$d/rb_$mode.log"
       echo "{\"seconds\": $("$python" -c "print($(now) - $s0)")}" >"$d/rb_${mode}_wall.$rep.json"
     done
     local t0; t0="$(now)"
-    run_pinned "$corelm" generate --model "$model" --prompt-file "$d/prompts.txt" --batch-size "$slots" -n "$max_tokens" \
+    run_pinned /usr/bin/time -o "$d/generate_cpu.$rep.json" -f '{"user": %U, "sys": %S}' "$corelm" generate --model "$model" --prompt-file "$d/prompts.txt" --batch-size "$slots" -n "$max_tokens" \
       --greedy --threads 1 --json >"$d/generate.jsonl" 2>"$d/generate.log"
     echo "{\"seconds\": $("$python" -c "print($(now) - $t0)")}" >"$d/generate_wall.$rep.json"
   done
@@ -146,16 +146,29 @@ def path(sec, tok):
     return {"wall_s": round(sec, 3), "completion_tokens": tok, "tokens_per_s": round(tok / sec, 1),
             "ratio_vs_direct": round((tok / sec) / (base_tok / base_s), 4),
             "queue_us_per_request": round((sec - base_s) / n * 1e6, 1)}
+# CPU seconds (user + sys) of the process: what the queue's work costs on the one core, much less
+# disturbed by the other load of a shared machine than wall time (fsync waits are not CPU: they
+# overlap with decoding, up to 2 x slots rows being in flight).
+def cpu(pattern):
+    return min(sum(json.load(open(f)).values()) for f in glob.glob(f"{d}/{pattern}"))
+cpus = {m: cpu(f"rb_{m}_cpu.*.json") for m in ("full", "normal", "direct")}
 res = {}
 for m in ("full", "normal", "direct"):
     res[f"run_batch_{m}"] = path(wall[m], rb[m]["completion_tokens"])
+    res[f"run_batch_{m}"]["cpu_s"] = round(cpus[m], 3)
+    res[f"run_batch_{m}"]["cpu_ratio_vs_direct"] = round(cpus[m] / cpus["direct"], 4)
+    res[f"run_batch_{m}"]["queue_cpu_us_per_request"] = round((cpus[m] - cpus["direct"]) / n * 1e6, 1)
     res[f"run_batch_{m}"]["run_phase_s"] = round(min(json.load(open(f))["seconds"] for f in glob.glob(f"{d}/rb_{m}.*.json")), 3)
 gtok = sum(g.get("tokens", 0) if isinstance(g.get("tokens"), int) else len(g.get("tokens", [])) for g in gen)
 res["generate"] = path(gen_wall, gtok)
+res["generate"]["cpu_s"] = round(cpu("generate_cpu.*.json"), 3)
 res["generate"]["note"] = "wall time of the process, model load included; no scheduler"
 if sq:
     res["serve_queue"] = path(sq["end_to_end_s"], sq.get("completion_tokens", 0))
     res["serve_queue"]["note"] = "submit of all prompts via /v1/generate to the last row done, HTTP included"
+    if "server_cpu_s" in sq:
+        res["serve_queue"]["cpu_s"] = sq["server_cpu_s"]
+        res["serve_queue"]["note"] += "; cpu_s: the server process during that time (no model load)"
 print(json.dumps({"bench": "queue_overhead", "n": n, "reps_fastest_of": reps, "model": sys.argv[6], "slots": int(sys.argv[7]),
                   "max_tokens": int(sys.argv[8]), "threads": 1, "cpu": sys.argv[5].strip(),
                   "uptime_before": sys.argv[3].strip(), "uptime_after": sys.argv[4].strip(), "paths": res}, indent=1))

@@ -245,6 +245,18 @@ TEST_F(RunBatchTest, AnotherInputIsRefusedUnlessOverwrite) {
   ASSERT_EQ(lines.size(), 4u);
   for (const auto& l : lines) EXPECT_EQ(l["custom_id"].get<std::string>().rfind("bbb-", 0), 0u) << l;
 
+  // A damaged batch.json: refused, naming it; --overwrite starts over.
+  write(dir / "out" / "batch.json", "{\"format\": 7");
+  auto damaged = run_corelm(args(dir / "b.jsonl", dir / "out"), CliOptions{60});
+  EXPECT_NE(damaged.rc, 0);
+  EXPECT_NE(damaged.err.find("batch.json"), std::string::npos) << damaged.err;
+  write(dir / "out" / "batch.json", "{\"format\": 7}");
+  damaged = run_corelm(args(dir / "b.jsonl", dir / "out"), CliOptions{60});
+  EXPECT_NE(damaged.rc, 0);
+  EXPECT_NE(damaged.err.find("--overwrite"), std::string::npos) << damaged.err;
+  ASSERT_EQ(run_corelm(a, CliOptions{60}).rc, 0);
+  EXPECT_EQ(read_lines(dir / "out" / "output.jsonl").size(), 4u);
+
   // A queue file that no run batch made is not taken over either.
   fs::create_directories(dir / "foreign");
   { queue::Queue::open(queue::queue_path((dir / "foreign").string())).enqueue("m", "{}"); }
