@@ -148,6 +148,35 @@ TEST_F(QueueWorkerTest, RowForAnUnknownModelGetsA404ResultNotRetries) {
   EXPECT_EQ(json::parse(q.get(bad)->result->body)["error"]["param"], "temperature");
 }
 
+TEST_F(QueueWorkerTest, DrainAcksWhatFinishedAndLeavesTheRestLeased) {
+  {
+    queue::Queue q = open_queue();
+    std::vector<queue::NewRequest> rows;
+    for (int i = 0; i < 150; ++i) rows.push_back({"tiny", body(i, 60).dump()});
+    q.enqueue_many(rows);
+  }
+  ServeOptions o = options();
+  o.drain_seconds = 5;
+  {
+    InProcessServer s(o);
+    queue::Queue q = open_queue();
+    ASSERT_TRUE(wait_for([&] { return q.counts().done >= 4; }, 20));
+    EXPECT_TRUE(s.server().shutdown());  // the rows in the schedulers finish within the drain
+  }
+  queue::Queue q = open_queue();
+  const queue::Counts n = q.counts();
+  EXPECT_EQ(n.failed, 0);
+  EXPECT_EQ(n.done + n.running + n.queued, 150);
+  EXPECT_GT(n.queued, 0);  // leasing stopped at the drain
+  // Rows still leased are the ones that had not started: none has a result.
+  for (queue::RequestId id = 1; id <= 150; ++id) {
+    const auto info = q.get(id);
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->result.has_value(), info->state == queue::RequestState::done) << id;
+    if (info->result) EXPECT_EQ(info->result->status_code, 200);
+  }
+}
+
 // ---- two processes ----------------------------------------------------------------------------
 
 class TwoServers : public QueueWorkerTest {
