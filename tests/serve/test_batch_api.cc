@@ -93,6 +93,7 @@ TEST(BatchLine, EachInvalidLineNamesItsCodeLineAndParam) {
       {"{not json", "invalid_json", "", "not valid JSON"},
       {"", "invalid_json", "", "not valid JSON"},
       {"[1,2]", "invalid_json", "", "must be a JSON object"},
+      {R"({"custom_id":147e419102614})", "invalid_json", "", "not valid JSON"},  // out of double's range
       {"\"\xff\"", "invalid_json", "", "not valid JSON"},
       {std::string(5000, '[') + std::string(5000, ']'), "invalid_json", "", "deeper"},
       {with("custom_id", drop), "missing_required_parameter", "custom_id", "'custom_id' is required"},

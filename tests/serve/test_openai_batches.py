@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""The OpenAI Files + Batches API of `corelm serve --state-dir`, driven by the official openai client.
+
+  test_openai_batches.py --corelm BIN --model DIR [--timeout S] [--requests N]
+
+Starts `BIN serve --model DIR --state-dir <tmp> --host 127.0.0.1 --port 0 --api-key K`, then:
+files.create -> batches.create -> polls batches.retrieve -> files.content, and checks that every
+custom_id is in the output exactly once with the body the same request gets from a direct
+POST /v1/completions (greedy, so equal); the same for a chat batch; then the errors a client
+sees (unknown batch, bad purpose, an invalid line failing the batch, cancel of a finished batch).
+Prints PASS/FAIL per check and a SUMMARY line; exits 0 only when all passed. Bounded by --timeout.
+"""
+import argparse
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+import httpx
+import openai
+
+API_KEY = "batch-key-0123456789"
+REQ_TIMEOUT = 20.0
+FINAL = ("completed", "failed", "expired", "cancelled")
+
+
+class RunTimeout(BaseException):
+    """The whole-run alarm: a BaseException so no per-check handler swallows it."""
+
+
+def die_with_parent():
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Server:
+    def __init__(self, binary, model, state_dir, extra):
+        self.log_lines = []
+        cmd = [binary, "serve", "--model", model, "--state-dir", state_dir, "--host", "127.0.0.1", "--port", "0",
+               "--api-key", API_KEY] + extra
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=die_with_parent)
+        self.url = None
+        found = threading.Event()
+
+        def reader():
+            for line in self.proc.stdout:
+                self.log_lines.append(line.rstrip("\n"))
+                m = re.search(r"listening on (http://[0-9.]+:[0-9]+)", line)
+                if m and not self.url:
+                    self.url = m.group(1)
+                    found.set()
+            found.set()
+
+        threading.Thread(target=reader, daemon=True).start()
+        if not found.wait(30) or not self.url:
+            self.stop()
+            raise RuntimeError("server printed no 'listening on http://HOST:PORT' line:\n" + self.log())
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                r = httpx.get(self.url + "/health", timeout=2, trust_env=False)
+                if r.status_code == 200 and r.json().get("status") == "ok":
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("/health never answered 200 {\"status\":\"ok\"}:\n" + self.log())
+
+    def log(self):
+        return "\n".join(self.log_lines[-30:])
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class Ctx:
+    def __init__(self, server, n):
+        self.n = n
+        self.client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, timeout=REQ_TIMEOUT, max_retries=0)
+        self.http = httpx.Client(base_url=server.url, timeout=REQ_TIMEOUT, trust_env=False,
+                                 headers={"Authorization": f"Bearer {API_KEY}"})
+        self.model = self.client.models.list().data[0].id
+
+    def close(self):
+        self.http.close()
+        self.client.close()
+
+    def upload(self, lines):
+        text = "".join(json.dumps(l) + "\n" for l in lines).encode()
+        f = self.client.files.create(file=("requests.jsonl", io.BytesIO(text)), purpose="batch")
+        assert f.object == "file" and f.purpose == "batch" and f.bytes == len(text), f
+        assert f.id.startswith("file-"), f.id
+        return f
+
+    def run_batch(self, lines, endpoint, budget=60.0):
+        f = self.upload(lines)
+        b = self.client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
+                                       metadata={"test": "openai_batches"})
+        assert b.object == "batch" and b.status == "validating" and b.input_file_id == f.id, b
+        assert b.metadata == {"test": "openai_batches"}, b.metadata
+        deadline = time.time() + budget
+        while b.status not in FINAL:
+            assert time.time() < deadline, f"batch {b.id} still {b.status} after {budget} s: {b.request_counts}"
+            time.sleep(0.1)
+            b = self.client.batches.retrieve(b.id)
+        return b
+
+    def direct(self, endpoint, body):
+        r = self.http.post(endpoint, json=body)
+        assert r.status_code == 200, f"{endpoint}: HTTP {r.status_code} {r.text[:200]}"
+        return r.json()
+
+
+def lines_of(text):
+    assert text == "" or text.endswith("\n"), "the file does not end with a newline"
+    return [json.loads(l) for l in text.splitlines()]
+
+
+def check_output(c, b, lines, endpoint, text_of):
+    assert b.status == "completed", f"status {b.status}, errors {b.errors}"
+    n = len(lines)
+    rc = b.request_counts
+    assert (rc.total, rc.completed, rc.failed) == (n, n, 0), rc
+    assert b.output_file_id and b.error_file_id is None, (b.output_file_id, b.error_file_id)
+    assert b.in_progress_at and b.finalizing_at and b.completed_at and b.expires_at, b
+    meta = c.client.files.retrieve(b.output_file_id)
+    assert meta.purpose == "batch_output", meta
+    text = c.client.files.content(b.output_file_id).text
+    assert meta.bytes == len(text.encode()), (meta.bytes, len(text.encode()))
+    out = lines_of(text)
+    seen = {}
+    for o in out:
+        assert o["custom_id"] not in seen, f"custom_id {o['custom_id']} twice"
+        seen[o["custom_id"]] = o
+        assert o["error"] is None and o["response"]["status_code"] == 200, o
+        assert o["id"].startswith("batch_req_") and o["response"]["request_id"], o
+    assert sorted(seen) == sorted(l["custom_id"] for l in lines), "custom_ids differ from the input"
+    for l in lines:
+        got = seen[l["custom_id"]]["response"]["body"]
+        want = c.direct(endpoint, l["body"])
+        assert text_of(got) == text_of(want), f"{l['custom_id']}: {text_of(got)!r} != direct {text_of(want)!r}"
+        assert got["usage"] == want["usage"], (got["usage"], want["usage"])
+
+
+def check_completions_batch(c):
+    lines = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": c.model, "prompt": f"the cat sat on the mat {i}", "max_tokens": 6,
+                       "temperature": 0}} for i in range(c.n)]
+    b = c.run_batch(lines, "/v1/completions")
+    check_output(c, b, lines, "/v1/completions", lambda body: body["choices"][0]["text"])
+    assert any(x.id == b.id for x in c.client.batches.list(limit=10).data), "batches.list misses the batch"
+
+
+def check_chat_batch(c):
+    lines = [{"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": c.model, "messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 5,
+                       "temperature": 0}} for i in range(4)]
+    b = c.run_batch(lines, "/v1/chat/completions")
+    check_output(c, b, lines, "/v1/chat/completions", lambda body: body["choices"][0]["message"]["content"])
+
+
+def check_errors(c):
+    try:
+        c.client.batches.retrieve("batch_nope")
+        raise AssertionError("an unknown batch was found")
+    except openai.NotFoundError:
+        pass
+    try:
+        c.client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
+        raise AssertionError("purpose fine-tune was accepted")
+    except openai.BadRequestError:
+        pass
+    good = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+            "body": {"model": c.model, "prompt": "x", "max_tokens": 2}}
+    bad = dict(good, custom_id="b", body={"model": "no-such-model", "prompt": "x"})
+    b = c.run_batch([good, bad], "/v1/completions")
+    assert b.status == "failed", b.status
+    e = b.errors.data[0]
+    assert (e.code, e.line, e.param) == ("model_not_found", 2, "body.model"), e
+    assert b.request_counts.total == 0, b.request_counts
+    done = c.run_batch([good], "/v1/completions")
+    assert done.status == "completed", done.status
+    try:
+        c.client.batches.cancel(done.id)
+        raise AssertionError("a completed batch was cancelled")
+    except openai.BadRequestError as ex:
+        assert "Cannot cancel" in str(ex), ex
+
+
+CHECKS = [check_completions_batch, check_chat_batch, check_errors]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--corelm", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--timeout", type=float, default=90.0, help="the whole run")
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--server-arg", action="append", default=[])
+    args = ap.parse_args()
+
+    def on_alarm(*_):
+        raise RunTimeout(f"the run went past --timeout {args.timeout} s")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(int(args.timeout))
+    t0 = time.time()
+    server = c = None
+    failed, passed = [], []
+    with tempfile.TemporaryDirectory(prefix="corelm_batches_state_") as state:
+        try:
+            server = Server(args.corelm, args.model, state, ["--slots", "4", "--threads", "1"] + args.server_arg)
+            print(f"server ready at {server.url} after {time.time() - t0:.2f} s", flush=True)
+            c = Ctx(server, args.requests)
+            for fn in CHECKS:
+                t = time.time()
+                try:
+                    fn(c)
+                    passed.append(fn.__name__)
+                    print(f"PASS {fn.__name__} ({time.time() - t:.2f} s)", flush=True)
+                except Exception as e:  # noqa: BLE001 - every failure is reported, the run goes on
+                    failed.append(fn.__name__)
+                    tb = traceback.extract_tb(e.__traceback__)
+                    where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == __file__), "")
+                    print(f"FAIL {fn.__name__} ({where}): {type(e).__name__}: {str(e)[:600]}", flush=True)
+            if server.proc.poll() is not None:
+                failed.append("server-alive")
+                print(f"FAIL server exited during the run (rc {server.proc.returncode}):\n{server.log()}")
+        except (Exception, RunTimeout) as e:  # noqa: BLE001
+            failed.append("setup" if not passed and not failed else "timeout")
+            print(f"FAIL setup: {type(e).__name__}: {e}", flush=True)
+        finally:
+            signal.alarm(0)
+            if c:
+                c.close()
+            if server:
+                server.stop()
+    print(f"SUMMARY {'OK' if not failed else 'FAILED'}: {len(passed)}/{len(CHECKS)} checks passed in "
+          f"{time.time() - t0:.1f} s" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if failed and server:
+        print("server log tail:\n" + server.log())
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
