@@ -1,8 +1,8 @@
-// `corelm run batch` as a user runs it (the real binary): its output lines equal what
-// the server `corelm serve` runs (serve::Server, in-process here) answers for the same bodies on
-// /v1/completions; kill -9 at random moments and a
-// rerun give the same output as an uninterrupted run, every custom_id exactly once; an invalid
-// input fails whole, naming its lines, before anything is queued; --overwrite semantics.
+// `corelm run batch` as a user runs it (the real binary): its output lines equal what the server
+// of `corelm serve` (serve::Server, in-process here) answers for the same bodies on
+// /v1/completions; kill -9 at random moments and a rerun give the same output as an
+// uninterrupted run, every custom_id exactly once; an invalid input fails whole, naming its
+// lines, before anything is queued; --overwrite semantics.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
