@@ -47,6 +47,7 @@ mkdir -p "$out" "$work"
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+stop_server() { kill -9 "$srv_pid" 2>/dev/null || true; wait "$srv_pid" 2>/dev/null || true; }
 trap cleanup EXIT
 
 model="${MODEL:-}"
@@ -72,7 +73,10 @@ now() { date +%s.%N; }
 start_server() {
   local state="$1" log="$2"; shift 2
   rm -rf "$state"; mkdir -p "$state"
-  run_pinned "$corelm" serve --model "$model" --port 0 --threads 1 --slots "$slots" --state-dir "$state" "$@" >"$log" 2>&1 &
+  # Not through run_pinned: `func &` forks a subshell, and $! would be that shell, not the server
+  # (nice and taskset exec, so $! here is the server's own pid: its RSS, its kill).
+  nice -n "$nice_n" taskset -c "$server_cpus" "$corelm" serve --model "$model" --port 0 --threads 1 --slots "$slots" \
+    --state-dir "$state" "$@" >"$log" 2>&1 &
   srv_pid=$!
   pids+=("$srv_pid")
   srv_port=""
@@ -121,7 +125,7 @@ EOF
     nice -n "$nice_n" taskset -c "$load_cpus" "$python" "$here/bench/queue_load.py" --url "http://127.0.0.1:$srv_port" \
       --pid "$srv_pid" --state-dir "$d/state" --total "$n" --chunk 1000 --max-tokens "$max_tokens" --fixed-max-tokens \
       --count-tokens --drain-seconds 600 --model "$model_id" >"$d/serve_queue.json"
-    kill -9 "$srv_pid" 2>/dev/null || true
+    stop_server
   else
     rm -f "$d/serve_queue.json"
   fi
@@ -184,7 +188,7 @@ load() {
   nice -n "$nice_n" taskset -c "$load_cpus" "$python" "$here/bench/queue_load.py" --url "http://127.0.0.1:$srv_port" \
     --pid "$srv_pid" --state-dir "$d/state" --total "$load_total" --chunk 1000 --max-tokens 4 \
     --drain-seconds "$drain_seconds" --model "$model_id" >"$d/load.json"
-  kill -9 "$srv_pid" 2>/dev/null || true
+  stop_server
   "$python" - "$d/load.json" "$load_before" "$(uptime)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" "$model" \
     "$slots" "$load_sync" >"$out/load.json" <<'EOF'
 import json, sys
