@@ -266,6 +266,33 @@ TEST_F(RunBatchTest, AnotherInputIsRefusedUnlessOverwrite) {
   EXPECT_NE(f.err.find("queue.sqlite"), std::string::npos) << f.err;
 }
 
+TEST_F(RunBatchTest, ShardsConcatenateToTheWholeRun) {
+  const fs::path dir = root_->path() / "shards";
+  fs::create_directories(dir);
+  write(dir / "in.jsonl", make_input(11, "tiny", 6, 8));
+  ASSERT_EQ(run_corelm(args(dir / "in.jsonl", dir / "whole"), CliOptions{60}).rc, 0);
+  const auto whole = read_lines(dir / "whole" / "output.jsonl");
+  std::vector<json> joined;
+  for (int i = 0; i < 3; ++i) {
+    auto a = args(dir / "in.jsonl", dir / ("shard-" + std::to_string(i)));
+    a.insert(a.end(), {"--shard", std::to_string(i) + "/3"});
+    auto r = run_corelm(a, CliOptions{60});
+    ASSERT_EQ(r.rc, 0) << r.all();
+    EXPECT_GE(json::parse(r.out)["total"].get<int>(), 3);
+    for (auto& l : read_lines(dir / ("shard-" + std::to_string(i)) / "output.jsonl")) joined.push_back(l);
+  }
+  ASSERT_EQ(joined.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(joined[i]["custom_id"], whole[i]["custom_id"]);
+    EXPECT_EQ(joined[i]["response"]["body"]["choices"], whole[i]["response"]["body"]["choices"]) << i;
+  }
+  auto a = args(dir / "in.jsonl", dir / "bad");
+  a.insert(a.end(), {"--shard", "3/3"});
+  auto bad = run_corelm(a, CliOptions{60});
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--shard"), std::string::npos) << bad.err;
+}
+
 TEST_F(RunBatchTest, BadOptionsNameTheOption) {
   const fs::path dir = root_->path() / "opts";
   fs::create_directories(dir);
