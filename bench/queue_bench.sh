@@ -47,6 +47,7 @@ mkdir -p "$out" "$work"
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+stop_server() { kill -9 "$srv_pid" 2>/dev/null || true; wait "$srv_pid" 2>/dev/null || true; }
 trap cleanup EXIT
 
 model="${MODEL:-}"
@@ -72,7 +73,10 @@ now() { date +%s.%N; }
 start_server() {
   local state="$1" log="$2"; shift 2
   rm -rf "$state"; mkdir -p "$state"
-  run_pinned "$corelm" serve --model "$model" --port 0 --threads 1 --slots "$slots" --state-dir "$state" "$@" >"$log" 2>&1 &
+  # Not through run_pinned: `func &` forks a subshell, and $! would be that shell, not the server
+  # (nice and taskset exec, so $! here is the server's own pid: its RSS, its kill).
+  nice -n "$nice_n" taskset -c "$server_cpus" "$corelm" serve --model "$model" --port 0 --threads 1 --slots "$slots" \
+    --state-dir "$state" "$@" >"$log" 2>&1 &
   srv_pid=$!
   pids+=("$srv_pid")
   srv_port=""
@@ -107,12 +111,12 @@ EOF
       [[ $mode == direct ]] && extra=(--no-queue)
       rm -rf "$d/rb_$mode"
       local s0; s0="$(now)"
-      run_pinned "$corelm" run batch --model "$model" --input "$d/in.jsonl" --out "$d/rb_$mode" --threads 1 \
+      run_pinned /usr/bin/time -o "$d/rb_${mode}_cpu.$rep.json" -f '{"user": %U, "sys": %S}' "$corelm" run batch --model "$model" --input "$d/in.jsonl" --out "$d/rb_$mode" --threads 1 \
         --slots "$slots" "${extra[@]}" --json >"$d/rb_$mode.$rep.json" 2>"$d/rb_$mode.log"
       echo "{\"seconds\": $("$python" -c "print($(now) - $s0)")}" >"$d/rb_${mode}_wall.$rep.json"
     done
     local t0; t0="$(now)"
-    run_pinned "$corelm" generate --model "$model" --prompt-file "$d/prompts.txt" --batch-size "$slots" -n "$max_tokens" \
+    run_pinned /usr/bin/time -o "$d/generate_cpu.$rep.json" -f '{"user": %U, "sys": %S}' "$corelm" generate --model "$model" --prompt-file "$d/prompts.txt" --batch-size "$slots" -n "$max_tokens" \
       --greedy --threads 1 --json >"$d/generate.jsonl" 2>"$d/generate.log"
     echo "{\"seconds\": $("$python" -c "print($(now) - $t0)")}" >"$d/generate_wall.$rep.json"
   done
@@ -121,7 +125,7 @@ EOF
     nice -n "$nice_n" taskset -c "$load_cpus" "$python" "$here/bench/queue_load.py" --url "http://127.0.0.1:$srv_port" \
       --pid "$srv_pid" --state-dir "$d/state" --total "$n" --chunk 1000 --max-tokens "$max_tokens" --fixed-max-tokens \
       --count-tokens --drain-seconds 600 --model "$model_id" >"$d/serve_queue.json"
-    kill -9 "$srv_pid" 2>/dev/null || true
+    stop_server
   else
     rm -f "$d/serve_queue.json"
   fi
@@ -146,16 +150,29 @@ def path(sec, tok):
     return {"wall_s": round(sec, 3), "completion_tokens": tok, "tokens_per_s": round(tok / sec, 1),
             "ratio_vs_direct": round((tok / sec) / (base_tok / base_s), 4),
             "queue_us_per_request": round((sec - base_s) / n * 1e6, 1)}
+# CPU seconds (user + sys) of the process: what the queue's work costs on the one core, much less
+# disturbed by the other load of a shared machine than wall time (fsync waits are not CPU: they
+# overlap with decoding, up to 2 x slots rows being in flight).
+def cpu(pattern):
+    return min(sum(json.load(open(f)).values()) for f in glob.glob(f"{d}/{pattern}"))
+cpus = {m: cpu(f"rb_{m}_cpu.*.json") for m in ("full", "normal", "direct")}
 res = {}
 for m in ("full", "normal", "direct"):
     res[f"run_batch_{m}"] = path(wall[m], rb[m]["completion_tokens"])
+    res[f"run_batch_{m}"]["cpu_s"] = round(cpus[m], 3)
+    res[f"run_batch_{m}"]["cpu_ratio_vs_direct"] = round(cpus[m] / cpus["direct"], 4)
+    res[f"run_batch_{m}"]["queue_cpu_us_per_request"] = round((cpus[m] - cpus["direct"]) / n * 1e6, 1)
     res[f"run_batch_{m}"]["run_phase_s"] = round(min(json.load(open(f))["seconds"] for f in glob.glob(f"{d}/rb_{m}.*.json")), 3)
 gtok = sum(g.get("tokens", 0) if isinstance(g.get("tokens"), int) else len(g.get("tokens", [])) for g in gen)
 res["generate"] = path(gen_wall, gtok)
+res["generate"]["cpu_s"] = round(cpu("generate_cpu.*.json"), 3)
 res["generate"]["note"] = "wall time of the process, model load included; no scheduler"
 if sq:
     res["serve_queue"] = path(sq["end_to_end_s"], sq.get("completion_tokens", 0))
     res["serve_queue"]["note"] = "submit of all prompts via /v1/generate to the last row done, HTTP included"
+    if "server_cpu_s" in sq:
+        res["serve_queue"]["cpu_s"] = sq["server_cpu_s"]
+        res["serve_queue"]["note"] += "; cpu_s: the server process during that time (no model load)"
 print(json.dumps({"bench": "queue_overhead", "n": n, "reps_fastest_of": reps, "model": sys.argv[6], "slots": int(sys.argv[7]),
                   "max_tokens": int(sys.argv[8]), "threads": 1, "cpu": sys.argv[5].strip(),
                   "uptime_before": sys.argv[3].strip(), "uptime_after": sys.argv[4].strip(), "paths": res}, indent=1))
@@ -171,7 +188,7 @@ load() {
   nice -n "$nice_n" taskset -c "$load_cpus" "$python" "$here/bench/queue_load.py" --url "http://127.0.0.1:$srv_port" \
     --pid "$srv_pid" --state-dir "$d/state" --total "$load_total" --chunk 1000 --max-tokens 4 \
     --drain-seconds "$drain_seconds" --model "$model_id" >"$d/load.json"
-  kill -9 "$srv_pid" 2>/dev/null || true
+  stop_server
   "$python" - "$d/load.json" "$load_before" "$(uptime)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" "$model" \
     "$slots" "$load_sync" >"$out/load.json" <<'EOF'
 import json, sys

@@ -14,6 +14,7 @@ Figures:
   drained           rows finished when the drain phase ended; when --drain-seconds ran out first,
                     drain_extrapolated_s = rows left / drain_req_s (said in the output)
   peak_rss_mb       VmHWM of --pid at the end (the server's peak resident memory)
+  server_cpu_s      user + sys CPU seconds of --pid during the enqueue and the drain
   rss_mb_samples    VmRSS every ~10% of the enqueue and of the drain (bounded memory shows as flat)
   db_mb_after_enqueue / db_mb_after_drain   queue.sqlite + its -wal, in MB
 The row counts come from the queue file itself (state_counts, read-only: SQLite readers never block
@@ -39,6 +40,16 @@ def vm(pid, key):
     except OSError:
         return None
     return None
+
+
+def cpu_s(pid):
+    """user + sys CPU seconds of the process so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def db_mb(state_dir):
@@ -95,6 +106,7 @@ def main():
     out = {"total": a.total, "chunk": a.chunk,
            "max_tokens": a.max_tokens if a.fixed_max_tokens else f"1..{a.max_tokens}", "rss_mb_samples": []}
     c0 = counts(a.state_dir)
+    cpu0 = cpu_s(a.pid)
     finished0 = c0.get("done", 0) + c0.get("failed", 0)
     t0 = time.monotonic()
     sent, retries_429, chunk_i = 0, 0, 0
@@ -164,6 +176,9 @@ def main():
         con.close()
         out["completion_tokens"] = tok
         out["tokens_per_s"] = round(tok / (t_enq + t_drain), 1)
+    cpu1 = cpu_s(a.pid)
+    if cpu0 is not None and cpu1 is not None:
+        out["server_cpu_s"] = round(cpu1 - cpu0, 2)  # during the enqueue and drain (not the model load)
     out["peak_rss_mb"] = vm(a.pid, "VmHWM")
     out["rss_mb_end"] = vm(a.pid, "VmRSS")
     print(json.dumps(out))

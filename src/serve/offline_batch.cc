@@ -198,15 +198,20 @@ std::pair<nlohmann::json, bool> check_folder(const OfflineBatchOptions& o, const
       throw FormatError(manifest_path.string() + ": invalid JSON (" + escape_invalid_utf8(e.what()) +
                         "); use --overwrite to start over");
   }
-  const bool same = m.is_object() && m.value("format", "") == kManifestFormat &&
-                    m.value("input_hash", "") == v.input_hash && m.value("input_bytes", int64_t(-1)) == v.input_bytes &&
-                    m.value("rows", int64_t(-1)) == static_cast<int64_t>(v.rows.size()) &&
-                    m.value("shard", std::string("0/1")) == v.shard &&
-                    m.value("model", "") == fresh["model"].get<std::string>();
+  bool same = false;
+  std::string was = "?";
+  try {  // a field of the wrong type is a different folder, not a crash
+    same = m.is_object() && m.value("format", "") == kManifestFormat && m.value("input_hash", "") == v.input_hash &&
+           m.value("input_bytes", int64_t(-1)) == v.input_bytes &&
+           m.value("rows", int64_t(-1)) == static_cast<int64_t>(v.rows.size()) &&
+           m.value("shard", std::string("0/1")) == v.shard && m.value("model", "") == fresh["model"].get<std::string>() &&
+           m.value("created", int64_t(0)) > 0;
+    if (m.is_object()) was = m.value("input", std::string("?")) + " with model " + m.value("model", std::string("?"));
+  } catch (const nlohmann::json::exception&) {
+    same = false;
+  }
   if (same) return {m, fs::exists(qpath)};
   if (!o.overwrite) {
-    std::string was = m.is_object() ? m.value("input", std::string("?")) + " with model " + m.value("model", std::string("?"))
-                                    : std::string("?");
     throw ValueError("--out " + o.out + " holds a batch of another input or model (" + escape_invalid_utf8(was) +
                      "); use --overwrite to discard it and start over");
   }

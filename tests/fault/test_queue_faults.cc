@@ -132,13 +132,17 @@ class QueueFaults : public ::testing::Test {
     if (!r || r->status != 200) return json();
     return json::parse(r->body, nullptr, false);
   }
-  // A counter of /metrics (-1 when absent).
-  static int64_t metric(int port, const std::string& name) {
+  // Counters of one /metrics answer (-1 when absent).
+  static std::vector<int64_t> metrics(int port, const std::vector<std::string>& names) {
     auto r = client(port).Get("/metrics");
-    if (!r) return -1;
-    const size_t at = r->body.find("\n" + name + " ");
-    return at == std::string::npos ? -1 : std::stoll(r->body.substr(at + name.size() + 2));
+    std::vector<int64_t> out;
+    for (const auto& name : names) {
+      const size_t at = r ? r->body.find("\n" + name + " ") : std::string::npos;
+      out.push_back(at == std::string::npos ? -1 : std::stoll(r->body.substr(at + name.size() + 2)));
+    }
+    return out;
   }
+  static int64_t metric(int port, const std::string& name) { return metrics(port, {name})[0]; }
   static int64_t completed(const json& b) {
     if (!b.is_object() || !b.contains("request_counts")) return -1;
     return b["request_counts"].value("completed", int64_t(0)) + b["request_counts"].value("failed", int64_t(0));
@@ -287,7 +291,8 @@ TEST_F(QueueFaults, TwoServersShareTheStateDirAndTheSurvivorFinishesAtOnce) {
   const auto t0 = Clock::now();
   while (since(t0) < 20 && completed(get_batch(pb, id)) < n / 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const int64_t at_kill = completed(get_batch(pb, id));
-  const int64_t a_leased = metric(pa, "corelm_queue_leased_total"), a_done = metric(pa, "corelm_queue_completed_total");
+  const auto a_counts = metrics(pa, {"corelm_queue_leased_total", "corelm_queue_completed_total"});
+  const int64_t a_leased = a_counts[0], a_done = a_counts[1];
   a->kill(SIGKILL);
   EXPECT_LT(at_kill, n) << "the batch ended before the kill";
   // The killed server held rows (leased, not acked) and had done part of the batch.
@@ -301,7 +306,9 @@ TEST_F(QueueFaults, TwoServersShareTheStateDirAndTheSurvivorFinishesAtOnce) {
   expect_exactly_once(input, file_content(pb, fin["output_file_id"]), file_content(pb, fin["error_file_id"]));
   EXPECT_TRUE(b->running());
   EXPECT_GT(metric(pb, "corelm_queue_completed_total"), 0);
-  EXPECT_EQ(metric(pb, "corelm_queue_completed_total") + a_done, n) << "a row acked twice or never";
+  // The survivor acked only rows the killed one had not (a_done may be short of the killed
+  // server's last acks, which came after it was read).
+  EXPECT_LE(metric(pb, "corelm_queue_completed_total") + a_done, n) << "a row acked twice";
 }
 
 // A tmpfs of a few MB as the state dir: real ENOSPC from the kernel. Skipped (and the

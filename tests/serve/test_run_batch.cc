@@ -1,7 +1,8 @@
-// `corelm run batch` as a user runs it (the real binary): its output lines equal what
-// `corelm serve` answers for the same bodies on /v1/completions; kill -9 at random moments and a
-// rerun give the same output as an uninterrupted run, every custom_id exactly once; an invalid
-// input fails whole, naming its lines, before anything is queued; --overwrite semantics.
+// `corelm run batch` as a user runs it (the real binary): its output lines equal what the server
+// of `corelm serve` (serve::Server, in-process here) answers for the same bodies on
+// /v1/completions; kill -9 at random moments and a rerun give the same output as an
+// uninterrupted run, every custom_id exactly once; an invalid input fails whole, naming its
+// lines, before anything is queued; --overwrite semantics.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -245,12 +246,51 @@ TEST_F(RunBatchTest, AnotherInputIsRefusedUnlessOverwrite) {
   ASSERT_EQ(lines.size(), 4u);
   for (const auto& l : lines) EXPECT_EQ(l["custom_id"].get<std::string>().rfind("bbb-", 0), 0u) << l;
 
+  // A damaged batch.json: refused, naming it; --overwrite starts over.
+  write(dir / "out" / "batch.json", "{\"format\": 7");
+  auto damaged = run_corelm(args(dir / "b.jsonl", dir / "out"), CliOptions{60});
+  EXPECT_NE(damaged.rc, 0);
+  EXPECT_NE(damaged.err.find("batch.json"), std::string::npos) << damaged.err;
+  write(dir / "out" / "batch.json", "{\"format\": 7}");
+  damaged = run_corelm(args(dir / "b.jsonl", dir / "out"), CliOptions{60});
+  EXPECT_NE(damaged.rc, 0);
+  EXPECT_NE(damaged.err.find("--overwrite"), std::string::npos) << damaged.err;
+  ASSERT_EQ(run_corelm(a, CliOptions{60}).rc, 0);
+  EXPECT_EQ(read_lines(dir / "out" / "output.jsonl").size(), 4u);
+
   // A queue file that no run batch made is not taken over either.
   fs::create_directories(dir / "foreign");
   { queue::Queue::open(queue::queue_path((dir / "foreign").string())).enqueue("m", "{}"); }
   auto f = run_corelm(args(dir / "a.jsonl", dir / "foreign"), CliOptions{60});
   EXPECT_NE(f.rc, 0);
   EXPECT_NE(f.err.find("queue.sqlite"), std::string::npos) << f.err;
+}
+
+TEST_F(RunBatchTest, ShardsConcatenateToTheWholeRun) {
+  const fs::path dir = root_->path() / "shards";
+  fs::create_directories(dir);
+  write(dir / "in.jsonl", make_input(11, "tiny", 6, 8));
+  ASSERT_EQ(run_corelm(args(dir / "in.jsonl", dir / "whole"), CliOptions{60}).rc, 0);
+  const auto whole = read_lines(dir / "whole" / "output.jsonl");
+  std::vector<json> joined;
+  for (int i = 0; i < 3; ++i) {
+    auto a = args(dir / "in.jsonl", dir / ("shard-" + std::to_string(i)));
+    a.insert(a.end(), {"--shard", std::to_string(i) + "/3"});
+    auto r = run_corelm(a, CliOptions{60});
+    ASSERT_EQ(r.rc, 0) << r.all();
+    EXPECT_GE(json::parse(r.out)["total"].get<int>(), 3);
+    for (auto& l : read_lines(dir / ("shard-" + std::to_string(i)) / "output.jsonl")) joined.push_back(l);
+  }
+  ASSERT_EQ(joined.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(joined[i]["custom_id"], whole[i]["custom_id"]);
+    EXPECT_EQ(joined[i]["response"]["body"]["choices"], whole[i]["response"]["body"]["choices"]) << i;
+  }
+  auto a = args(dir / "in.jsonl", dir / "bad");
+  a.insert(a.end(), {"--shard", "3/3"});
+  auto bad = run_corelm(a, CliOptions{60});
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--shard"), std::string::npos) << bad.err;
 }
 
 TEST_F(RunBatchTest, BadOptionsNameTheOption) {
