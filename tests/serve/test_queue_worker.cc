@@ -297,3 +297,40 @@ TEST(QueueWorkerSeed, StableAndContentDependent) {
 
 }  // namespace
 }  // namespace corelm::serve
+
+namespace corelm::serve {
+namespace {
+
+TEST(QueueServeOptions, BadValuesNameTheFlag) {
+  const std::vector<std::pair<std::function<void(ServeOptions&)>, std::string>> cases = {
+      {[](ServeOptions& o) { o.lease_seconds = 0; }, "--lease-seconds"},
+      {[](ServeOptions& o) { o.max_attempts = 0; }, "--max-attempts"},
+      {[](ServeOptions& o) { o.batch_share = 0; }, "--batch-share"},
+      {[](ServeOptions& o) { o.batch_share = 1.5; }, "--batch-share"},
+      {[](ServeOptions& o) { o.max_queued = 0; }, "--max-queued"},
+      {[](ServeOptions& o) { o.max_file_bytes = 0; }, "--max-file-bytes"},
+      {[](ServeOptions& o) { o.max_state_bytes = -1; }, "--max-state-bytes"},
+      {[](ServeOptions& o) { o.worker_id = "a\nb"; }, "--worker-id"},
+  };
+  for (const auto& [set, flag] : cases) {
+    ServeOptions o;
+    o.models = {"m"};
+    set(o);
+    try {
+      o.validate();
+      ADD_FAILURE() << flag << " accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  }
+  ServeOptions ok;
+  ok.models = {"m"};
+  EXPECT_NO_THROW(ok.validate());
+  // The CLI refuses a --queue-sync it does not know, naming the option.
+  const auto r = testing::run_corelm({"serve", "--model", "m", "--state-dir", "x", "--queue-sync", "sometimes"}, {.timeout_s = 20});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE((r.out + r.err).find("--queue-sync"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace corelm::serve
