@@ -196,6 +196,33 @@ TEST_F(GenerateApiTest, BadRequestsNameTheParam) {
   EXPECT_EQ(res[1]["status"], "done");
 }
 
+TEST(GenerateApiFull, QueueFullIs429WithRetryAfterAndNothingQueued) {
+  const fs::path root = fs::temp_directory_path() / ("corelm_genapi_full_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  testing::make_model_dir(root / "tiny");
+  ServeOptions o;
+  o.models = {(root / "tiny").string()};
+  o.state_dir = (root / "state").string();
+  o.max_queued = 3;
+  o.queue_sync = queue::Sync::normal;
+  {
+    InProcessServer s(o);
+    auto c = s.client();
+    const json body = {{"model", "tiny"}, {"prompts", {"a", "b", "c", "d"}}, {"max_tokens", 2}};
+    auto r = c.Post("/v1/generate", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 429);
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    EXPECT_EQ(json::parse(r->body)["error"]["code"], "queue_full");
+    // All or nothing: the queue is still empty, and a call that fits is accepted.
+    auto [st, ids] = s.post("/v1/generate", {{"model", "tiny"}, {"prompts", {"a", "b"}}, {"max_tokens", 2}});
+    EXPECT_EQ(st, 200);
+    EXPECT_EQ(ids["request_ids"].size(), 2u);
+    EXPECT_EQ(ids["request_ids"][0], "req-1");
+  }
+  fs::remove_all(root);
+}
+
 TEST(GenerateApiNoQueue, NotFoundNamesTheStateDirFlag) {
   const fs::path root = fs::temp_directory_path() / ("corelm_genapi_noq_" + std::to_string(::getpid()));
   fs::remove_all(root);
