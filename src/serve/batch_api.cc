@@ -380,14 +380,11 @@ struct BatchApi::Impl {
 
   // No row queued or running. After cancel_batch a row can still come back to queued (its
   // lease was reclaimed in between): the next tick cancels it, and only then the batch ends.
-  bool settled(const std::string& id) {
-    queue::Counts c = q().counts(id);
-    return c.queued + c.running == 0;
-  }
+  bool settled(const std::string& id) { return q().pending_in_batch(id) == 0; }
 
   void tick() {
     for (const std::string& id : q().batches_in(BatchStatus::validating)) {
-      auto b = q().get_batch(id);
+      auto b = q().get_batch(id, /*with_counts=*/false);
       if (!b) continue;
       if (past_expiry(*b)) {
         q().finish_batch(id, BatchStatus::validating, BatchStatus::expired, -1, -1);
@@ -396,7 +393,7 @@ struct BatchApi::Impl {
       validate(*b);
     }
     for (const std::string& id : q().batches_in(BatchStatus::in_progress)) {
-      auto b = q().get_batch(id);
+      auto b = q().get_batch(id, /*with_counts=*/false);
       if (!b) continue;
       if (past_expiry(*b)) {
         q().cancel_batch(id);
