@@ -226,7 +226,11 @@ class Queue {
   // the file's purpose is not "batch".
   BatchInfo create_batch(const std::string& input_file_id, const std::string& endpoint,
                          const std::string& completion_window, const std::string& metadata_json = "");
-  std::optional<BatchInfo> get_batch(const std::string& id) const;
+  // with_counts false: counts left zero for a batch still running (they cost a scan of its rows;
+  // the monitor polls without them).
+  std::optional<BatchInfo> get_batch(const std::string& id, bool with_counts = true) const;
+  // Rows of the batch still queued or running (an index range: cheap while the batch drains).
+  int64_t pending_in_batch(const std::string& batch_id) const;
   // Newest first, `after` as list_files; limit 1..1000.
   std::vector<BatchInfo> list_batches(const std::optional<std::string>& after = std::nullopt, int64_t limit = 20) const;
   // Enqueues every request (batch_id set to the batch) and moves validating -> in_progress, in

@@ -453,7 +453,7 @@ struct Queue::Impl {
   BatchInfo batch_row(sqlite3_stmt* st) const;
   BatchCounts batch_counts(const std::string& batch_id) const;
   bool set_status(const std::string& id, BatchStatus from, BatchStatus to, double t);
-  std::optional<BatchInfo> find_batch(const std::string& id) const;
+  std::optional<BatchInfo> find_batch(const std::string& id, bool with_counts = true) const;
   int64_t check_identity() const;
   void migrate();
 };
@@ -909,7 +909,7 @@ bool Queue::Impl::set_status(const std::string& id, BatchStatus from, BatchStatu
   return true;
 }
 
-std::optional<BatchInfo> Queue::Impl::find_batch(const std::string& id) const {
+std::optional<BatchInfo> Queue::Impl::find_batch(const std::string& id, bool with_counts) const {
   sqlite3_stmt* st = stmt(
       "SELECT id, input_file_id, endpoint, completion_window, metadata, status, output_file_id, error_file_id, errors, "
       "created_at, in_progress_at, expires_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, "
@@ -921,7 +921,7 @@ std::optional<BatchInfo> Queue::Impl::find_batch(const std::string& id) const {
   }
   BatchInfo b = batch_row(st);
   sqlite3_reset(st);
-  if (b.counts.total < 0) b.counts = batch_counts(b.id);
+  if (b.counts.total < 0) b.counts = with_counts ? batch_counts(b.id) : BatchCounts{};
   return b;
 }
 
@@ -1097,9 +1097,19 @@ BatchInfo Queue::create_batch(const std::string& input_file_id, const std::strin
   });
 }
 
-std::optional<BatchInfo> Queue::get_batch(const std::string& id) const {
+std::optional<BatchInfo> Queue::get_batch(const std::string& id, bool with_counts) const {
   std::lock_guard lk(impl_->mu);
-  return impl_->find_batch(id);
+  return impl_->find_batch(id, with_counts);
+}
+
+int64_t Queue::pending_in_batch(const std::string& batch_id) const {
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  sqlite3_stmt* st = q.stmt("SELECT COUNT(*) FROM requests WHERE batch_id = ? AND state IN ('queued','running')");
+  q.bind(st, 1, batch_id);
+  int64_t n = q.step(st) ? sqlite3_column_int64(st, 0) : 0;
+  sqlite3_reset(st);
+  return n;
 }
 
 std::vector<BatchInfo> Queue::list_batches(const std::optional<std::string>& after, int64_t limit) const {

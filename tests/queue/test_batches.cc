@@ -141,7 +141,10 @@ TEST_F(BatchQueueTest, LifecycleCountsResultsFilesAndPurge) {
   EXPECT_EQ(q.fail(l[3].id, "w", "boom"), RequestState::failed);
   // Not finalizable while a row runs: the caller checks counts(batch).running/queued.
   EXPECT_EQ(q.counts(b.id).running, 1);
+  EXPECT_EQ(q.pending_in_batch(b.id), 1);
+  EXPECT_EQ(q.get_batch(b.id, /*with_counts=*/false)->counts.total, 0);
   q.complete(l[4].id, "w", Result{200, R"({"text":"4"})", ""});
+  EXPECT_EQ(q.pending_in_batch(b.id), 0);
   BatchCounts c = q.get_batch(b.id)->counts;
   EXPECT_EQ(c.total, 5);
   EXPECT_EQ(c.completed, 3);
