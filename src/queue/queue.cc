@@ -528,7 +528,17 @@ Queue Queue::open(const std::string& path, const QueueOptions& options) {
   sqlite3_extended_result_codes(impl->db, 1);
   sqlite3_busy_handler(impl->db, &Impl::on_busy, impl.get());
   // Before anything writes (switching to WAL rewrites the header): never touch a foreign file.
-  impl->check_identity();
+  // One read transaction, so the header and schema reads see one snapshot: read one by one, a
+  // process creating the file at the same moment could commit in between (tables there, the
+  // application id not yet), which looked like another program's file.
+  impl->exec("BEGIN");
+  try {
+    impl->check_identity();
+  } catch (...) {
+    sqlite3_exec(impl->db, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+  impl->exec("COMMIT");
   {
     sqlite3_stmt* st = impl->stmt("PRAGMA journal_mode = WAL");
     std::string mode = impl->step(st) ? Impl::text(st, 0) : "";

@@ -127,7 +127,11 @@ struct QueueWorker::Impl {
   void submit_waiting() {
     if (waiting.empty()) return;
     const bool interactive = hooks.interactive_busy && hooks.interactive_busy();
-    const int64_t c = cap(interactive);
+    // Without interactive traffic a model's scheduler also gets a slots-deep backlog of queued
+    // rows (waiting in its queue, not in slots): a sequence that ends is replaced within the
+    // same step, even while this thread is inside a commit. With interactive traffic, only the
+    // share: no backlog that would take slots after the interactive requests.
+    const int64_t c = interactive ? cap(true) : 2 * o.slots;
     const std::vector<std::string> served = hooks.model_ids();
     std::deque<queue::LeasedRequest> later;
     while (!waiting.empty()) {
@@ -215,10 +219,13 @@ struct QueueWorker::Impl {
       if (leasing) {
         submit_waiting();
         const bool interactive = hooks.interactive_busy && hooks.interactive_busy();
-        // Leased ahead: one share in the schedulers and one waiting here, so a finished row is
-        // replaced without a queue round trip.
-        const int64_t want = 2 * cap(interactive) - static_cast<int64_t>(in_flight.size() + waiting.size());
-        if (want > 0 && !ack_failing && (woken || now >= next_lease) && (!hooks.ready || hooks.ready())) {
+        // Leased ahead: up to two shares wait here, so a finished row is replaced without a queue
+        // round trip; refilled only once one share has gone, so each lease (one transaction, an
+        // fsync with --queue-sync full) takes at least a share of rows.
+        const int64_t c = interactive ? cap(true) : 2 * o.slots;
+        const int64_t want = 3 * c - static_cast<int64_t>(in_flight.size() + waiting.size());
+        const bool low = static_cast<int64_t>(waiting.size()) < c;
+        if (want > 0 && low && !ack_failing && (woken || now >= next_lease) && (!hooks.ready || hooks.ready())) {
           std::vector<queue::LeasedRequest> rows;
           try {
             rows = q.lease(o.worker_id, want);

@@ -671,19 +671,26 @@ struct Server::Impl {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
     std::vector<std::optional<queue::RequestInfo>> infos(rids.size());
     std::vector<bool> final_(rids.size(), false);
+    auto look = [&](size_t i) {
+      if (rids[i]) infos[i] = queue->get(*rids[i]);
+      final_[i] = !infos[i] || infos[i]->state == queue::RequestState::done ||
+                  infos[i]->state == queue::RequestState::failed || infos[i]->state == queue::RequestState::cancelled;
+    };
+    // While waiting, each poll reads only up to the first id not final yet (rows finish roughly
+    // in order), so a long list costs one lookup a poll, not one per id, and does not compete
+    // with the worker for the queue; the answer is filled in by one full pass at the end.
+    size_t cursor = 0;
     for (;;) {
-      bool all = true;
-      for (size_t i = 0; i < rids.size(); ++i) {
-        if (final_[i]) continue;
-        if (rids[i]) infos[i] = queue->get(*rids[i]);
-        final_[i] = !infos[i] || infos[i]->state == queue::RequestState::done ||
-                    infos[i]->state == queue::RequestState::failed || infos[i]->state == queue::RequestState::cancelled;
-        all = all && final_[i];
+      while (cursor < rids.size()) {
+        look(cursor);
+        if (!final_[cursor]) break;
+        ++cursor;
       }
-      if (all || Clock::now() >= deadline || draining) break;
+      if (cursor == rids.size() || Clock::now() >= deadline || draining) break;
       // The queue is a file other processes write too: polled, not signalled.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    for (size_t i = cursor; i < rids.size(); ++i) look(i);
     json results = json::array();
     for (size_t i = 0; i < rids.size(); ++i) results.push_back(result_entry(want[i], infos[i]));
     res.set_content(dump({{"object", "list"}, {"results", results}}), "application/json");
@@ -832,14 +839,15 @@ struct Server::Impl {
     };
     counter("corelm_queue_leased_total", "Queue rows this server leased.", worker->leased_total());
     counter("corelm_queue_completed_total", "Queue rows this server stored a result for.", worker->completed_total());
-    out += "# HELP corelm_queue_depth Rows of the persistent queue by state (every server sharing the state dir).\n"
-           "# TYPE corelm_queue_depth gauge\n";
+    // Not corelm_queue_depth: that gauge is the schedulers' waiting requests (issue 15).
+    out += "# HELP corelm_queue_rows Rows of the persistent queue by state (every server sharing the state dir).\n"
+           "# TYPE corelm_queue_rows gauge\n";
     try {
       const queue::Counts c = queue->counts();
       const std::pair<const char*, int64_t> states[] = {{"queued", c.queued}, {"running", c.running}, {"done", c.done},
                                                         {"failed", c.failed}, {"cancelled", c.cancelled}};
       for (const auto& [state, n] : states)
-        out += std::string("corelm_queue_depth{state=\"") + state + "\"} " + std::to_string(n) + "\n";
+        out += std::string("corelm_queue_rows{state=\"") + state + "\"} " + std::to_string(n) + "\n";
     } catch (const std::exception&) {
       // The file is busy or unreadable right now: the gauge is left out of this scrape.
     }

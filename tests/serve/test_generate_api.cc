@@ -8,6 +8,8 @@
 #include <cctype>
 #include <set>
 
+#include "corelm/thread_pool.h"
+#include "serve/executor.h"
 #include "serve/queue_serve_fixture.h"
 
 namespace corelm::serve {
@@ -194,6 +196,33 @@ TEST_F(GenerateApiTest, BadRequestsNameTheParam) {
   EXPECT_EQ(res[1]["status"], "done");
 }
 
+TEST(GenerateApiFull, QueueFullIs429WithRetryAfterAndNothingQueued) {
+  const fs::path root = fs::temp_directory_path() / ("corelm_genapi_full_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  testing::make_model_dir(root / "tiny");
+  ServeOptions o;
+  o.models = {(root / "tiny").string()};
+  o.state_dir = (root / "state").string();
+  o.max_queued = 3;
+  o.queue_sync = queue::Sync::normal;
+  {
+    InProcessServer s(o);
+    auto c = s.client();
+    const json body = {{"model", "tiny"}, {"prompts", {"a", "b", "c", "d"}}, {"max_tokens", 2}};
+    auto r = c.Post("/v1/generate", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 429);
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    EXPECT_EQ(json::parse(r->body)["error"]["code"], "queue_full");
+    // All or nothing: the queue is still empty, and a call that fits is accepted.
+    auto [st, ids] = s.post("/v1/generate", {{"model", "tiny"}, {"prompts", {"a", "b"}}, {"max_tokens", 2}});
+    EXPECT_EQ(st, 200);
+    EXPECT_EQ(ids["request_ids"].size(), 2u);
+    EXPECT_EQ(ids["request_ids"][0], "req-1");
+  }
+  fs::remove_all(root);
+}
+
 TEST(GenerateApiNoQueue, NotFoundNamesTheStateDirFlag) {
   const fs::path root = fs::temp_directory_path() / ("corelm_genapi_noq_" + std::to_string(::getpid()));
   fs::remove_all(root);
@@ -208,6 +237,99 @@ TEST(GenerateApiNoQueue, NotFoundNamesTheStateDirFlag) {
       EXPECT_NE(err["error"]["message"].get<std::string>().find("--state-dir"), std::string::npos) << err.dump();
     }
   }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace corelm::serve
+
+namespace corelm::serve {
+namespace {
+
+// Queue overhead: the same 2,000 prompts (max_tokens 8, distinct, EOS suppressed so every one
+// generates 8 tokens) through POST /v1/generate + get_results (queue rows, worker, executor,
+// acks) and submitted to the Scheduler directly, on the tiny test model with 8 slots. Prints
+// JSON. Run: test_serve --gtest_also_run_disabled_tests --gtest_filter='*QueueOverhead*'
+// (pinned: taskset -c 0).
+TEST(GenerateApiBench, DISABLED_QueueOverheadVsScheduler) {
+  using Clock = std::chrono::steady_clock;
+  set_num_threads(1);
+  const fs::path root = fs::temp_directory_path() / ("corelm_genbench_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const int eos = testing::make_model_dir(root / "tiny");
+  const int kPrompts = 2000, kTokens = 8;
+  std::vector<std::string> prompts;
+  for (int i = 0; i < kPrompts; ++i) prompts.push_back("the cat " + std::to_string(i) + " sat");
+  ServeOptions o;
+  o.models = {(root / "tiny").string()};
+  o.slots = 8;
+  json out = {{"prompts", kPrompts}, {"max_tokens", kTokens}, {"slots", o.slots}};
+
+  {  // The scheduler alone.
+    ServeOptions d = o;
+    d.max_queue = kPrompts;
+    auto m = load_model_for_serving(o.models[0], d);
+    struct Count : infer::RequestObserver {
+      std::mutex mu;
+      std::condition_variable cv;
+      int done = 0;
+      int64_t tokens = 0;
+      void on_finished(int, const std::string&, const std::string&, int64_t n) override {
+        std::lock_guard<std::mutex> l(mu);
+        ++done;
+        tokens += n;
+        cv.notify_all();
+      }
+    };
+    auto count = std::make_shared<Count>();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kPrompts; ++i) {
+      infer::SequenceRequest r;
+      EncodeOptions eo;
+      eo.add_special = true;
+      r.prompt = m->ckpt.model.tokenizer->encode(prompts[i], eo);
+      r.max_new_tokens = kTokens;
+      r.seed = static_cast<uint64_t>(i);
+      if (eos >= 0) r.logit_bias = {{static_cast<TokenId>(eos), -100.0f}};
+      r.eos_ids = m->eos_ids;
+      m->scheduler->submit(std::move(r), count);
+    }
+    std::unique_lock<std::mutex> l(count->mu);
+    count->cv.wait(l, [&] { return count->done == kPrompts; });
+    out["scheduler_s"] = std::chrono::duration<double>(Clock::now() - t0).count();
+    out["scheduler_tokens"] = count->tokens;
+  }
+  for (const auto& [name, sync] : {std::pair{"full", queue::Sync::full}, std::pair{"normal", queue::Sync::normal}}) {
+    ServeOptions q = o;
+    q.state_dir = (root / (std::string("state_") + name)).string();
+    q.queue_sync = sync;
+    InProcessServer s(q);
+    const json no_eos = eos >= 0 ? json{{std::to_string(eos), -100}} : json::object();
+    const auto t0 = Clock::now();
+    auto [st, ids] = s.post("/v1/generate", {{"model", "tiny"}, {"prompts", prompts}, {"max_tokens", kTokens}, {"logit_bias", no_eos}});
+    ASSERT_EQ(st, 200);
+    const double submit_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    int64_t tokens = 0;
+    for (;;) {
+      auto [st2, res] = s.post("/v1/generate/get_results", {{"request_ids", ids["request_ids"]}, {"timeout", 60}});
+      ASSERT_EQ(st2, 200);
+      bool all = true;
+      tokens = 0;
+      for (const auto& r : res["results"]) {
+        all = all && r["status"] == "done";
+        if (r["response"].is_object()) tokens += r["response"]["usage"]["completion_tokens"].get<int64_t>();
+      }
+      if (all) break;
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    out[std::string("queue_") + name + "_s"] = secs;
+    out[std::string("queue_") + name + "_submit_s"] = submit_s;
+    out[std::string("queue_") + name + "_tokens"] = tokens;
+    out[std::string("queue_") + name + "_ratio"] = secs / out["scheduler_s"].get<double>();
+    out[std::string("queue_") + name + "_overhead_us_per_request"] =
+        (secs - out["scheduler_s"].get<double>()) * 1e6 / kPrompts;
+  }
+  std::printf("%s\n", out.dump().c_str());
   fs::remove_all(root);
 }
 

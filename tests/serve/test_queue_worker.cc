@@ -94,8 +94,8 @@ TEST_F(QueueWorkerTest, QueuedRowsBecomeDoneWithTheHttpPathsBodies) {
   ASSERT_TRUE(m);
   EXPECT_EQ(testing::metric(m->body, "corelm_queue_leased_total"), 21);
   EXPECT_EQ(testing::metric(m->body, "corelm_queue_completed_total"), 21);
-  EXPECT_EQ(testing::metric(m->body, "corelm_queue_depth{state=\"done\"}"), 21);
-  EXPECT_EQ(testing::metric(m->body, "corelm_queue_depth{state=\"queued\"}"), 0);
+  EXPECT_EQ(testing::metric(m->body, "corelm_queue_rows{state=\"done\"}"), 21);
+  EXPECT_EQ(testing::metric(m->body, "corelm_queue_rows{state=\"queued\"}"), 0);
 }
 
 TEST_F(QueueWorkerTest, InteractiveRequestsKeepPriorityOverQueuedRows) {
@@ -173,7 +173,9 @@ TEST_F(QueueWorkerTest, DrainAcksWhatFinishedAndLeavesTheRestLeased) {
     const auto info = q.get(id);
     ASSERT_TRUE(info);
     EXPECT_EQ(info->result.has_value(), info->state == queue::RequestState::done) << id;
-    if (info->result) EXPECT_EQ(info->result->status_code, 200);
+    if (info->result) {
+      EXPECT_EQ(info->result->status_code, 200);
+    }
   }
 }
 
@@ -198,6 +200,8 @@ class TwoServers : public QueueWorkerTest {
 };
 
 TEST_F(TwoServers, ShareOneStateDirEveryRowDoneExactlyOnce) {
+  // The state dir has no queue file yet: both servers create it at the same moment.
+  fs::remove(queue::queue_path(state_.string()));
   ServerProcess a(args("A"), state_ / "a.log"), b(args("B"), state_ / "b.log");
   const int pa = a.wait_port(), pb = b.wait_port();
   ASSERT_GT(pa, 0) << a.log();
@@ -289,6 +293,43 @@ TEST(QueueWorkerSeed, StableAndContentDependent) {
   EXPECT_EQ(std::count(id.begin(), id.end(), ':'), 2);
   EXPECT_NE(id.find(":" + std::to_string(::getpid()) + ":"), std::string::npos);
   EXPECT_NE(id, QueueWorker::default_worker_id());
+}
+
+}  // namespace
+}  // namespace corelm::serve
+
+namespace corelm::serve {
+namespace {
+
+TEST(QueueServeOptions, BadValuesNameTheFlag) {
+  const std::vector<std::pair<std::function<void(ServeOptions&)>, std::string>> cases = {
+      {[](ServeOptions& o) { o.lease_seconds = 0; }, "--lease-seconds"},
+      {[](ServeOptions& o) { o.max_attempts = 0; }, "--max-attempts"},
+      {[](ServeOptions& o) { o.batch_share = 0; }, "--batch-share"},
+      {[](ServeOptions& o) { o.batch_share = 1.5; }, "--batch-share"},
+      {[](ServeOptions& o) { o.max_queued = 0; }, "--max-queued"},
+      {[](ServeOptions& o) { o.max_file_bytes = 0; }, "--max-file-bytes"},
+      {[](ServeOptions& o) { o.max_state_bytes = -1; }, "--max-state-bytes"},
+      {[](ServeOptions& o) { o.worker_id = "a\nb"; }, "--worker-id"},
+  };
+  for (const auto& [set, flag] : cases) {
+    ServeOptions o;
+    o.models = {"m"};
+    set(o);
+    try {
+      o.validate();
+      ADD_FAILURE() << flag << " accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  }
+  ServeOptions ok;
+  ok.models = {"m"};
+  EXPECT_NO_THROW(ok.validate());
+  // The CLI refuses a --queue-sync it does not know, naming the option.
+  const auto r = testing::run_corelm({"serve", "--model", "m", "--state-dir", "x", "--queue-sync", "sometimes"}, {.timeout_s = 20});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE((r.out + r.err).find("--queue-sync"), std::string::npos) << r.err;
 }
 
 }  // namespace
