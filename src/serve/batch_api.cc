@@ -310,7 +310,7 @@ struct BatchApi::Impl {
       const std::vector<std::string> models = ctx.model_ids ? ctx.model_ids() : std::vector<std::string>{};
       std::unordered_set<std::string> seen;
       std::string_view all(*content);
-      int64_t line_no = 0;
+      int64_t line_no = 0, n_requests = 0;
       size_t pos = 0;
       while (pos < all.size()) {
         size_t nl = all.find('\n', pos);
@@ -319,6 +319,13 @@ struct BatchApi::Impl {
         ++line_no;
         if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
         if (line.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank lines (a trailing newline)
+        if (++n_requests > ctx.max_batch_requests) {
+          add_error({"batch_too_large", line_no,
+                     "line " + std::to_string(line_no) + ": the file holds more than " +
+                         std::to_string(ctx.max_batch_requests) + " requests, the most one batch may have; split it",
+                     ""});
+          break;
+        }
         auto r = parse_batch_line(line, line_no, b.endpoint, models, ctx.limits);
         if (auto* e = std::get_if<BatchLineError>(&r)) {
           add_error(*e);
@@ -430,6 +437,7 @@ BatchApi::BatchApi(BatchApiContext ctx) : impl_(std::make_unique<Impl>()) {
   if (!ctx.queue) throw ValueError("BatchApi: the queue is null");
   if (!(ctx.monitor_interval_s > 0)) throw ValueError("BatchApi: monitor_interval_s must be > 0");
   if (ctx.max_file_bytes < 1) throw ValueError("BatchApi: max_file_bytes must be >= 1");
+  if (ctx.max_batch_requests < 1) throw ValueError("BatchApi: max_batch_requests must be >= 1");
   impl_->ctx = std::move(ctx);
 }
 

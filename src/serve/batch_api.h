@@ -47,6 +47,9 @@ struct BatchApiContext {
   std::function<std::vector<std::string>()> model_ids;   // the ids this server serves
   RequestLimits limits;                                  // each line's body is checked with parse_request
   int64_t max_file_bytes = 200 << 20;
+  // Requests per batch (OpenAI's limit too). A batch is enqueued in one transaction that holds
+  // the queue's write lock (~10-70 µs a row here), so this bounds how long other writers wait.
+  int64_t max_batch_requests = 50'000;
   double monitor_interval_s = 0.2;                       // how often the monitor thread looks at batches
 };
 
