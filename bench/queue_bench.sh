@@ -18,6 +18,8 @@
 #   load      LOAD_TOTAL (1,000,000) prompts via /v1/generate in chunks of 1,000, max_tokens 1..4,
 #             drained for at most DRAIN_SECONDS (600; the rest is extrapolated, and said so):
 #             peak RSS, DB size after enqueue and drain, enqueue and drain rates.
+# Also (with perf): perf_attribution, the queue's CPU share from perf samples of a journaled and a
+# --no-queue run of the first PERF_ROWS (5000) rows: insensitive to the machine's other load.
 # Environment: REPS (3: interleaved repetitions of each offline path, the fastest kept) SKIP_SERVE (set: overhead without the serve_queue path) N (20000) MAX_TOKENS (8) SLOTS (16) SERVER_CPUS (0) LOAD_CPUS (1) NICE (10)
 #   LOAD_TOTAL (1000000) DRAIN_SECONDS (600) LOAD_SYNC (normal)
 #   MODEL (default /work/pretrained/tiny-corpus when present, else a random-weight `tiny` made
@@ -120,6 +122,26 @@ EOF
       --greedy --threads 1 --json >"$d/generate.jsonl" 2>"$d/generate.log"
     echo "{\"seconds\": $("$python" -c "print($(now) - $t0)")}" >"$d/generate_wall.$rep.json"
   done
+  # Load-insensitive attribution: perf samples of one journaled and one --no-queue run of the same
+  # first PERF_ROWS rows. The model's own cycles (the corelm binary) are the same work in both, so
+  # the ratio of their shares is the queue's CPU cost (SQLite, its syscalls, the extra copies),
+  # however busy the machine is. Skipped without perf.
+  rm -f "$d/perf_shares.json"
+  if command -v perf >/dev/null 2>&1; then
+    head -n "${PERF_ROWS:-5000}" "$d/in.jsonl" >"$d/perf_in.jsonl"
+    local pm
+    for pm in normal direct; do
+      local pextra=(--queue-sync normal)
+      [[ $pm == direct ]] && pextra=(--no-queue)
+      rm -rf "$d/perf_$pm"
+      if run_pinned perf record -F 2000 -o "$d/perf_$pm.data" "$corelm" run batch --model "$model" \
+          --input "$d/perf_in.jsonl" --out "$d/perf_$pm" --threads 1 --slots "$slots" "${pextra[@]}" >/dev/null 2>&1; then
+        perf report -i "$d/perf_$pm.data" --no-children --sort dso -g none 2>/dev/null |
+          "$python" -c 'import json,sys; print(json.dumps({l.split()[1]: float(l.split()[0].rstrip("%")) for l in sys.stdin if l.strip() and not l.startswith("#") and "%" in l}))' \
+          >"$d/perf_$pm.json"
+      fi
+    done
+  fi
   if [[ -z ${SKIP_SERVE:-} ]]; then
     start_server "$d/state" "$d/serve.log" --queue-sync full
     nice -n "$nice_n" taskset -c "$load_cpus" "$python" "$here/bench/queue_load.py" --url "http://127.0.0.1:$srv_port" \
@@ -131,7 +153,7 @@ EOF
   fi
   "$python" - "$d" "$n" "$load_before" "$(uptime)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" "$model" \
     "$slots" "$max_tokens" >"$out/overhead.json" <<'EOF'
-import json, sys
+import json, os, sys
 d, n = sys.argv[1], int(sys.argv[2])
 import glob
 def fastest(pattern):
@@ -164,6 +186,19 @@ for m in ("full", "normal", "direct"):
     res[f"run_batch_{m}"]["queue_cpu_us_per_request"] = round((cpus[m] - cpus["direct"]) / n * 1e6, 1)
     res[f"run_batch_{m}"]["run_phase_s"] = round(min(json.load(open(f))["seconds"] for f in glob.glob(f"{d}/rb_{m}.*.json")), 3)
 gtok = sum(g.get("tokens", 0) if isinstance(g.get("tokens"), int) else len(g.get("tokens", [])) for g in gen)
+perf = {}
+if os.path.exists(f"{d}/perf_normal.json") and os.path.exists(f"{d}/perf_direct.json"):
+    q, b = json.load(open(f"{d}/perf_normal.json")), json.load(open(f"{d}/perf_direct.json"))
+    model_q, model_b = q.get("corelm", 0), b.get("corelm", 0)
+    if model_q > 0:
+        ratio = model_b / model_q  # total cycles of the journaled run over the baseline's
+        per_req_us = cpus["direct"] / n * 1e6
+        perf = {"rows": sum(1 for _ in open(f"{d}/perf_in.jsonl")), "dso_share_queue_run": q,
+                "dso_share_direct_run": b, "cpu_ratio_vs_direct": round(ratio, 4),
+                "queue_cpu_us_per_request": round((ratio - 1) * per_req_us, 1),
+                "note": "perf sampling: the model's cycles (corelm) are equal work in both runs, so "
+                        "share(direct)/share(queue) is the journaled run's total CPU over the baseline's; "
+                        "us per request = (ratio - 1) x the baseline's CPU seconds per request"}
 res["generate"] = path(gen_wall, gtok)
 res["generate"]["cpu_s"] = round(cpu("generate_cpu.*.json"), 3)
 res["generate"]["note"] = "wall time of the process, model load included; no scheduler"
@@ -175,7 +210,8 @@ if sq:
         res["serve_queue"]["note"] += "; cpu_s: the server process during that time (no model load)"
 print(json.dumps({"bench": "queue_overhead", "n": n, "reps_fastest_of": reps, "model": sys.argv[6], "slots": int(sys.argv[7]),
                   "max_tokens": int(sys.argv[8]), "threads": 1, "cpu": sys.argv[5].strip(),
-                  "uptime_before": sys.argv[3].strip(), "uptime_after": sys.argv[4].strip(), "paths": res}, indent=1))
+                  "uptime_before": sys.argv[3].strip(), "uptime_after": sys.argv[4].strip(), "paths": res,
+                  "perf_attribution": perf}, indent=1))
 EOF
   cat "$out/overhead.json"
 }

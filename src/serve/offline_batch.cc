@@ -484,9 +484,10 @@ std::shared_ptr<LoadedModel> load(const OfflineBatchOptions& o) {
   return load_model_for_serving(o.model, so);
 }
 
-void run_rows(Journal& journal, const OfflineBatchOptions& o, const std::string& model_id, const std::string& tag,
-              int64_t created, const RequestLimits& limits, int64_t done_before, OfflineBatchSummary& sum) {
-  auto loaded = load(o);
+void run_rows(Journal& journal, const OfflineBatchOptions& o, std::shared_ptr<LoadedModel> loaded,
+              const std::string& model_id, const std::string& tag, int64_t created, const RequestLimits& limits,
+              int64_t done_before, OfflineBatchSummary& sum) {
+  if (!loaded) loaded = load(o);
   Runner runner(journal, *loaded, o, model_id, tag, created, limits, sum);
   ProgressLine progress(o.progress || ::isatty(STDERR_FILENO), sum.total, done_before);
   try {
@@ -514,7 +515,7 @@ OfflineBatchSummary run_without_queue(const OfflineBatchOptions& o, Validated& v
   sum.output_path = (fs::path(o.out) / "output.jsonl").string();
   sum.errors_path = (fs::path(o.out) / "errors.jsonl").string();
   MemoryJournal journal(v.rows, o.max_attempts);
-  run_rows(journal, o, model_id, v.input_hash.substr(0, 12), 0, limits, 0, sum);
+  run_rows(journal, o, nullptr, model_id, v.input_hash.substr(0, 12), 0, limits, 0, sum);
   write_outputs(v.rows, 1, [&](size_t i) {
     const auto& r = journal.result(i);
     return std::make_pair(r.value_or(queue::Result{500, "", "not run"}), r && r->status_code == 200);
@@ -557,6 +558,7 @@ OfflineBatchSummary run_offline_batch(const OfflineBatchOptions& o) {
   RequestLimits limits;
   limits.max_n = static_cast<int>(std::min<int64_t>(16, o.slots));
   limits.max_tokens_limit = o.max_tokens_limit;
+  CORELM_CHECK(fs::exists(o.model), IOError, "--model ", o.model, ": no such file or folder");
   // Validation before touching --out: an invalid file leaves no trace.
   Validated v = validate_input(o.input, model_id, limits);
   keep_shard(v, o.shard_index, o.shard_count);
@@ -571,7 +573,13 @@ OfflineBatchSummary run_offline_batch(const OfflineBatchOptions& o) {
   auto lock = FileLock::acquire_or_throw((fs::path(o.out) / ".lock").string(), "corelm run batch --out");
   auto [manifest, resume] = check_folder(o, v, model_id);
   const fs::path manifest_path = fs::path(o.out) / "batch.json";
-  if (!resume) write_file_atomic(manifest_path.string(), manifest.dump(2) + "\n");
+  // A new folder: the model is loaded before anything is written, so a --model that does not load
+  // leaves no journal behind (its rerun with the right path is not "another model").
+  std::shared_ptr<LoadedModel> loaded;
+  if (!resume) {
+    loaded = load(o);
+    write_file_atomic(manifest_path.string(), manifest.dump(2) + "\n");
+  }
 
   queue::QueueOptions qo;
   qo.max_requests = std::max<int64_t>(qo.max_requests, static_cast<int64_t>(v.rows.size()));
@@ -605,7 +613,7 @@ OfflineBatchSummary run_offline_batch(const OfflineBatchOptions& o) {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     QueueJournal journal(q, std::string(host) + ":" + std::to_string(::getpid()) + ":run-batch");
-    run_rows(journal, o, model_id, manifest.value("input_hash", std::string("0")).substr(0, 12),
+    run_rows(journal, o, std::move(loaded), model_id, manifest.value("input_hash", std::string("0")).substr(0, 12),
              manifest.value("created", int64_t(0)), limits, done_before, sum);
   }
   write_outputs(v.rows, first, [&](size_t i) { return queue_row(q, v.rows, first, i); }, sum);

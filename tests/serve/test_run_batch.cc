@@ -305,6 +305,23 @@ TEST_F(RunBatchTest, BadOptionsNameTheOption) {
   r = run_corelm(a, CliOptions{60});
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--queue-sync"), std::string::npos) << r.err;
+
+  // A model that is missing or does not load leaves no journal: the rerun with the right model
+  // needs no --overwrite.
+  a = args(dir / "in.jsonl", dir / "out");
+  a[3] = (dir / "missing" / "tiny").string();
+  r = run_corelm(a, CliOptions{60});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("missing/tiny: no such file"), std::string::npos) << r.err;
+  fs::create_directories(dir / "broken" / "tiny");  // the same model id, a folder that does not load
+  write(dir / "broken" / "tiny" / "config.json", "{}");
+  a[3] = (dir / "broken" / "tiny").string();
+  r = run_corelm(a, CliOptions{60});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_FALSE(fs::exists(dir / "out" / "queue.sqlite")) << r.err;
+  a[3] = model();
+  r = run_corelm(a, CliOptions{60});
+  EXPECT_EQ(r.rc, 0) << r.all();
 }
 
 }  // namespace
