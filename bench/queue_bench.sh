@@ -22,8 +22,8 @@
 # --no-queue run of the first PERF_ROWS (5000) rows: insensitive to the machine's other load.
 # Environment: REPS (3: interleaved repetitions of each offline path, the fastest kept) SKIP_SERVE (set: overhead without the serve_queue path) N (20000) MAX_TOKENS (8) SLOTS (16) SERVER_CPUS (0) LOAD_CPUS (1) NICE (10)
 #   LOAD_TOTAL (1000000) DRAIN_SECONDS (600) LOAD_SYNC (normal)
-#   MODEL (default /work/pretrained/tiny-corpus when present, else a random-weight `tiny` made
-#   like bench/llama_cpp_peer.sh does, cached in <build-dir>/queue_bench)
+#   MODEL (default /work/pretrained/tiny-corpus when present, else a random-weight `tiny` from
+#   bench/random_tiny.sh, cached in <build-dir>/queue_bench)
 # Loopback only; every server started here is killed on exit. Prints overhead.json / load.json.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -56,15 +56,8 @@ model="${MODEL:-}"
 if [[ -z $model && -f /work/pretrained/tiny-corpus/config.json ]]; then model=/work/pretrained/tiny-corpus; fi
 if [[ -z $model ]]; then
   model="$work/model"
-  if [[ ! -f $model/config.json ]]; then
-    echo "queue_bench: making a random-weight tiny model in $model" >&2
-    [[ -f $work/kjv.txt ]] || "$here/scripts/kjv-text" "$work/kjv.txt"
-    "$corelm" tokenizer train --vocab-size 4096 --input "$work/kjv.txt" --output "$work/tokenizer.json" --no-progress >/dev/null
-    rm -rf "$model.tmp"
-    "$corelm" train --preset tiny --tokenizer "$work/tokenizer.json" --data "$work/kjv.txt" --steps 1 --batch 1 --seq 32 \
-      --out "$model.tmp" --no-progress >/dev/null
-    mv "$model.tmp" "$model"
-  fi
+  . "$here/bench/random_tiny.sh"
+  make_random_tiny "$corelm" "$here" "$work" "$model"
 fi
 model_id="$(basename "$model")"
 model_id="${model_id%.gguf}"

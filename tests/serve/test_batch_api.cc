@@ -251,6 +251,7 @@ class BatchHttp : public ::testing::Test {
 
   std::string dir_;
   std::unique_ptr<Queue> queue_;
+  std::vector<std::unique_ptr<Queue>> extra_queues_;  // declared first: destroyed after the APIs
   std::vector<std::unique_ptr<corelm::serve::BatchApi>> apis_;
   std::vector<std::unique_ptr<httplib::Server>> servers_;
   std::vector<std::thread> threads_;
@@ -553,7 +554,8 @@ TEST_F(BatchHttp, AnExpiredBatchCancelsWhatDidNotRun) {
 // Two servers (two BatchApi monitors, two Queue connections) on one state dir: the batch is
 // enqueued once and finished once.
 TEST_F(BatchHttp, TwoMonitorsOnOneStateDirStartAndFinishABatchOnce) {
-  Queue second = Queue::open(corelm::queue::queue_path(dir_));
+  // Owned by the fixture: its monitor must stop (TearDown) before the connection goes away.
+  Queue& second = *extra_queues_.emplace_back(std::make_unique<Queue>(Queue::open(corelm::queue::queue_path(dir_))));
   int port2 = start_api(second);
   std::string in;
   for (int i = 0; i < 50; ++i) in += req_line("r" + std::to_string(i), "p" + std::to_string(i)) + "\n";
