@@ -25,6 +25,9 @@ import urllib.request
 
 import corelm
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from live_server import LiveServer  # noqa: E402
+
 API_KEY = "secret"  # the key docs/SERVING.md's examples use
 
 
@@ -32,56 +35,11 @@ class RunTimeout(BaseException):
     pass
 
 
-def die_with_parent():
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+def Server(binary, model, state_dir, extra=(), port=0):
+    """The live server of these checks: the model, a state dir and the docs' API key."""
+    return LiveServer(binary, ["--model", model, "--state-dir", state_dir, "--port", str(port)] + list(extra),
+                      api_key=API_KEY)
 
-
-class Server:
-    def __init__(self, binary, model, state_dir, extra=(), port=0):
-        self.lines = []
-        cmd = [binary, "serve", "--model", model, "--state-dir", state_dir, "--host", "127.0.0.1", "--port", str(port),
-               "--api-key", API_KEY] + list(extra)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     preexec_fn=die_with_parent)
-        self.url = None
-        found = threading.Event()
-
-        def reader():
-            for line in self.proc.stdout:
-                self.lines.append(line.rstrip("\n"))
-                m = re.search(r"listening on (http://[0-9.]+:[0-9]+)", line)
-                if m and not self.url:
-                    self.url = m.group(1)
-                    found.set()
-            found.set()
-
-        threading.Thread(target=reader, daemon=True).start()
-        if not found.wait(30) or not self.url:
-            self.stop()
-            raise RuntimeError("no 'listening on' line from the server:\n" + self.log())
-        c = corelm.Client(self.url, api_key=API_KEY, timeout=5)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if c.health().get("status") == "ok":
-                    return
-            except corelm.CorelmError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("the server never reported healthy:\n" + self.log())
-
-    def log(self):
-        return "\n".join(self.lines[-40:])
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def greedy_reference(client, model, prompts, max_tokens):

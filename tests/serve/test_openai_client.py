@@ -17,11 +17,9 @@ Every request has a timeout and no retries; the whole run is bounded by --timeou
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 
@@ -29,71 +27,15 @@ import httpx
 import jinja2
 import openai
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from live_server import LiveServer  # noqa: E402
+
 API_KEY = "test-key-0123456789"
 REQ_TIMEOUT = 20.0
 
 
 class RunTimeout(BaseException):
     """The whole-run alarm: a BaseException so no per-check handler swallows it."""
-
-
-def die_with_parent():
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-class Server:
-    def __init__(self, binary, model, extra):
-        self.log_lines = []
-        cmd = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", "--api-key", API_KEY] + extra
-        # Same process group as this script (a runner that kills the group kills the server too),
-        # and PR_SET_PDEATHSIG so the server dies with this script whatever ends it.
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     preexec_fn=die_with_parent)
-        self.url = None
-        found = threading.Event()
-
-        def reader():
-            for line in self.proc.stdout:
-                self.log_lines.append(line.rstrip("\n"))
-                m = re.search(r"listening on (http://[0-9.]+:[0-9]+)", line)
-                if m and not self.url:
-                    self.url = m.group(1)
-                    found.set()
-            found.set()
-
-        threading.Thread(target=reader, daemon=True).start()
-        if not found.wait(30) or not self.url:
-            self.stop()
-            raise RuntimeError("server printed no 'listening on http://HOST:PORT' line:\n" + self.log())
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                r = httpx.get(self.url + "/health", timeout=2, trust_env=False)
-                if r.status_code == 200 and r.json().get("status") == "ok":
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("/health never answered 200 {\"status\":\"ok\"}:\n" + self.log())
-
-    def log(self):
-        return "\n".join(self.log_lines[-30:])
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 class Ctx:
@@ -484,7 +426,8 @@ def main():
     only = {x for x in args.only.split(",") if x}
     selected = [fn for fn in CHECKS if not only or fn.__name__ in only]
     try:
-        server = Server(args.corelm, args.model, ["--slots", "4", "--threads", "1"] + args.server_arg)
+        server = LiveServer(args.corelm, ["--model", args.model, "--port", "0", "--slots", "4", "--threads", "1"] + args.server_arg,
+                            api_key=API_KEY, keep_lines=30)
         print(f"server ready at {server.url} after {time.time() - t0:.2f} s", flush=True)
         c = Ctx(server, args.model, args.corelm)
         for fn in selected:
