@@ -42,6 +42,24 @@ def Server(binary, model, state_dir, extra=(), port=0):
 
 
 
+def queue_metrics(url):
+    """(rows in the queue, rows this server stored a result for) from /metrics; (0, 0) when it
+    cannot be read."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(url + "/metrics", headers={"Authorization": "Bearer " + API_KEY})
+    rows = completed = 0
+    try:
+        with opener.open(req, timeout=2) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("corelm_queue_rows{"):
+                    rows += float(line.split()[-1])
+                elif line.startswith("corelm_queue_completed_total"):
+                    completed = float(line.split()[-1])
+    except OSError:
+        pass
+    return rows, completed
+
+
 def greedy_reference(client, model, prompts, max_tokens):
     """The texts /v1/completions gives for the prompts at temperature 0 (64 prompts per request)."""
     out = []
@@ -140,7 +158,7 @@ class Checks:
     def check_restart(self):
         """kill -9 of the server while generate() runs, then a restart on the same port and state
         dir: generate() rides it out and returns every text, equal to an uninterrupted run."""
-        prompts = prompts_for(400, 6)
+        prompts = prompts_for(1500, 6)
         want = greedy_reference(self.client, self.model, prompts, 24)
         state = tempfile.mkdtemp(prefix="corelm_sdk_restart_")
         srv = Server(self.binary, self.model_dir, state)
@@ -157,7 +175,16 @@ class Checks:
         t = threading.Thread(target=run, daemon=True)
         try:
             t.start()
-            time.sleep(0.3)
+            # Kill once every prompt is queued and some results are stored: mid-drain, not at a
+            # fixed time (a quiet machine may finish it all in a fraction of a second), and not
+            # during a submit, which the SDK never retries after a reset (it cannot tell whether
+            # the server queued it).
+            deadline = time.time() + 30
+            while time.time() < deadline and t.is_alive():
+                rows, completed = queue_metrics(srv.url)
+                if rows >= len(prompts) and completed >= 1:
+                    break
+                time.sleep(0.005)
             alive_at_kill = t.is_alive()
             srv.proc.kill()
             srv.proc.wait(10)
