@@ -38,6 +38,7 @@ class RunTimeout(BaseException):
 class Ctx:
     def __init__(self, server, n):
         self.n = n
+        self.server = server
         self.client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, timeout=REQ_TIMEOUT, max_retries=0)
         self.http = httpx.Client(base_url=server.url, timeout=REQ_TIMEOUT, trust_env=False,
                                  headers={"Authorization": f"Bearer {API_KEY}"})
@@ -149,7 +150,35 @@ def check_errors(c):
         assert "Cannot cancel" in str(ex), ex
 
 
-CHECKS = [check_completions_batch, check_chat_batch, check_errors]
+def check_docs_example(c):
+    """docs/SERVING.md, "Files and Batches API": the requests.jsonl lines of its sh example and its
+    openai-client Python example, run as written (only the URL, the key and the model id differ)."""
+    import re
+    import subprocess
+    docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "SERVING.md")
+    with open(docs, encoding="utf-8") as f:
+        section = re.search(r"^## Files and Batches API\n(.*?)(?=^## |\Z)", f.read(), re.S | re.M).group(1)
+    sh = re.search(r"^```sh\n(.*?)^```", section, re.S | re.M).group(1)
+    py = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
+    lines = [ln for ln in sh.splitlines() if ln.startswith('{"custom_id"')]
+    assert len(lines) >= 2, "the sh example holds no requests.jsonl lines"
+    with tempfile.TemporaryDirectory(prefix="corelm_batches_docs_") as cwd:
+        with open(os.path.join(cwd, "requests.jsonl"), "w", encoding="utf-8") as f:
+            for ln in lines:
+                f.write(ln.replace('"model":"tiny"', '"model":"%s"' % c.model) + "\n")
+        code = py.replace("http://localhost:8080/v1", c.server.url + "/v1").replace('api_key="-"', 'api_key="%s"' % API_KEY)
+        r = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, NO_PROXY="127.0.0.1,localhost"))
+        assert r.returncode == 0, "the docs example failed:\n" + r.stderr[-2000:]
+    out = [json.loads(ln) for ln in r.stdout.splitlines() if ln.strip()]
+    want = sorted(json.loads(ln)["custom_id"] for ln in lines)
+    assert sorted(o["custom_id"] for o in out) == want, r.stdout[:1000]
+    for o in out:
+        assert o["response"]["status_code"] == 200 and o["error"] is None, o
+        assert o["response"]["body"]["choices"][0]["text"] is not None, o
+
+
+CHECKS = [check_completions_batch, check_chat_batch, check_errors, check_docs_example]
 
 
 def main():
