@@ -7,7 +7,8 @@ Starts `BIN serve --model DIR --state-dir <tmp> --host 127.0.0.1 --port 0 --api-
 files.create -> batches.create -> polls batches.retrieve -> files.content, and checks that every
 custom_id is in the output exactly once with the body the same request gets from a direct
 POST /v1/completions (greedy, so equal); the same for a chat batch; then the errors a client
-sees (unknown batch, bad purpose, an invalid line failing the batch, cancel of a finished batch).
+sees (unknown batch, bad purpose, an invalid line failing the batch, cancel of a finished batch);
+the docs example; and a 2,000-request batch whose own server is kill -9ed five times mid-run.
 Prints PASS/FAIL per check and a SUMMARY line; exits 0 only when all passed. Bounded by --timeout.
 """
 import argparse
@@ -36,9 +37,10 @@ class RunTimeout(BaseException):
 
 
 class Ctx:
-    def __init__(self, server, n):
+    def __init__(self, server, n, binary, model_path, server_args):
         self.n = n
         self.server = server
+        self.binary, self.model_path, self.server_args = binary, model_path, list(server_args)
         self.client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, timeout=REQ_TIMEOUT, max_retries=0)
         self.http = httpx.Client(base_url=server.url, timeout=REQ_TIMEOUT, trust_env=False,
                                  headers={"Authorization": f"Bearer {API_KEY}"})
@@ -150,6 +152,72 @@ def check_errors(c):
         assert "Cannot cancel" in str(ex), ex
 
 
+def check_kill_nine(c):
+    """A 2,000-request batch created with the openai client on its own server and state dir; that
+    server is kill -9ed five times (at least four before it ends) while the batch runs and restarted on the same state dir each
+    time; the finished output holds every custom_id exactly once, each text equal to the main
+    server's direct greedy answer."""
+    n, kills = 2000, 5
+    lines = [{"custom_id": f"k-{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": c.model, "prompt": f"the dog ran far {i}", "max_tokens": 8, "temperature": 0}}
+             for i in range(n)]
+    want = {}
+    for start in range(0, n, 64):
+        chunk = lines[start:start + 64]
+        r = c.direct("/v1/completions", {"model": c.model, "prompt": [l["body"]["prompt"] for l in chunk],
+                                         "max_tokens": 8, "temperature": 0})
+        for ch in r["choices"]:
+            want[chunk[ch["index"]]["custom_id"]] = ch["text"]
+    # Every kill costs the rows running then one attempt: allow many.
+    args = ["--model", c.model_path, "--state-dir", None, "--port", "0", "--slots", "2", "--threads", "1",
+            "--max-attempts", "100"] + c.server_args
+    with tempfile.TemporaryDirectory(prefix="corelm_batches_kill_") as state:
+        args[3] = state
+        srv = LiveServer(c.binary, args, api_key=API_KEY, keep_lines=30)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=API_KEY, timeout=REQ_TIMEOUT, max_retries=0)
+        try:
+            text = "".join(json.dumps(l) + "\n" for l in lines).encode()
+            f = client.files.create(file=("kill.jsonl", io.BytesIO(text)), purpose="batch")
+            b = client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
+            killed_mid_run = 0
+            for k in range(kills):
+                # Kill after some progress since the last start (or at once if the batch is slow to start).
+                base = client.batches.retrieve(b.id).request_counts.completed
+                deadline = time.time() + 20
+                while time.time() < deadline:
+                    cur = client.batches.retrieve(b.id)
+                    if cur.status in FINAL or cur.request_counts.completed >= base + n // (5 * kills):
+                        break
+                    time.sleep(0.01)
+                if cur.status in FINAL:
+                    break
+                srv.kill()
+                killed_mid_run += 1
+                srv = LiveServer(c.binary, args, api_key=API_KEY, keep_lines=30)
+                client.close()
+                client = openai.OpenAI(base_url=srv.url + "/v1", api_key=API_KEY, timeout=REQ_TIMEOUT, max_retries=0)
+            assert killed_mid_run >= 4, f"only {killed_mid_run} kills landed before the batch finished"
+            deadline = time.time() + 60
+            while (b := client.batches.retrieve(b.id)).status not in FINAL:
+                assert time.time() < deadline, f"batch still {b.status}: {b.request_counts}"
+                time.sleep(0.05)
+            assert b.status == "completed", (b.status, b.errors)
+            rc = b.request_counts
+            assert (rc.total, rc.completed, rc.failed) == (n, n, 0), rc
+            out = lines_of(client.files.content(b.output_file_id).text)
+            seen = {}
+            for o in out:
+                assert o["custom_id"] not in seen, f"custom_id {o['custom_id']} twice"
+                seen[o["custom_id"]] = o["response"]["body"]["choices"][0]["text"]
+            assert len(seen) == n, f"{len(seen)} of {n} custom_ids in the output"
+            bad = [k for k in want if seen.get(k) != want[k]]
+            assert not bad, f"{len(bad)} texts differ from the direct answers, e.g. {bad[0]}: {seen.get(bad[0])!r} != {want[bad[0]]!r}"
+            print(f"  kill_nine: {killed_mid_run} kill -9 during the batch, {n} results exactly once", flush=True)
+        finally:
+            client.close()
+            srv.kill()
+
+
 def check_docs_example(c):
     """docs/SERVING.md, "Files and Batches API": the requests.jsonl lines of its sh example and its
     openai-client Python example, run as written (only the URL, the key and the model id differ)."""
@@ -178,7 +246,7 @@ def check_docs_example(c):
         assert o["response"]["body"]["choices"][0]["text"] is not None, o
 
 
-CHECKS = [check_completions_batch, check_chat_batch, check_errors, check_docs_example]
+CHECKS = [check_completions_batch, check_chat_batch, check_errors, check_docs_example, check_kill_nine]
 
 
 def main():
@@ -203,7 +271,7 @@ def main():
             server = LiveServer(args.corelm, ["--model", args.model, "--state-dir", state, "--port", "0", "--slots", "4", "--threads", "1"]
                                 + args.server_arg, api_key=API_KEY, keep_lines=30)
             print(f"server ready at {server.url} after {time.time() - t0:.2f} s", flush=True)
-            c = Ctx(server, args.requests)
+            c = Ctx(server, args.requests, args.corelm, args.model, args.server_arg)
             for fn in CHECKS:
                 t = time.time()
                 try:
