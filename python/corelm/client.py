@@ -16,6 +16,7 @@ import http.client
 import io
 import json
 import os
+import re
 import socket
 import tempfile
 import time
@@ -416,9 +417,29 @@ class Client:
                 out.append(labels[choices.index(text)])
         return out
 
-    def score(self, texts, model=None):
-        """Per-text log-likelihoods: needs POST /v1/score, which corelm serve does not have yet."""
-        raise CorelmNotImplemented("POST /v1/score", "Client.score()")
+    def score(self, texts, model=None, add_special=False):
+        """Per-text log-likelihoods through POST /v1/score (64 texts per request): one dict per
+        text, ``{"logprob", "tokens", "mean_logprob", "perplexity"}`` -- the summed log-probability
+        of tokens 2..T, as `corelm run score` and ``corelm.local.Model.score`` compute it. A text
+        the server cannot score (under two tokens, longer than the context) raises CorelmError
+        with `index` set to its position."""
+        texts = _as_prompts(texts, "texts")
+        out = []
+        for start in range(0, len(texts), 64):
+            chunk = texts[start:start + 64]
+            body = _drop_none({"model": model, "input": chunk, "add_special": True if add_special else None})
+            try:
+                resp = self._request("POST", "/v1/score", body)
+            except CorelmError as e:
+                m = re.match(r"input\[(\d+)\]$", e.param or "")
+                if m or e.param == "input":
+                    e.index = start + (int(m.group(1)) if m else 0)
+                raise
+            data = sorted(resp.get("data", []), key=lambda d: d.get("index", 0))
+            if len(data) != len(chunk):
+                raise CorelmError(None, "bad_response", "/v1/score answered %d scores for %d texts" % (len(data), len(chunk)))
+            out += [{k: d.get(k) for k in ("logprob", "tokens", "mean_logprob", "perplexity")} for d in data]
+        return out
 
     def chat(self, messages, model=None, **params):
         """POST /v1/chat/completions; returns the assistant's text (a list when n > 1).

@@ -3,6 +3,7 @@
 #include "serve/executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "corelm/error.h"
@@ -417,6 +418,65 @@ std::vector<infer::RequestId> execute(LoadedModel& model, Endpoint endpoint, std
     return {};
   }
   return execute_parsed(model, std::move(std::get<ParsedRequest>(parsed)), options, std::move(done));
+}
+
+ExecResult score(const LoadedModel& m, const ScoreRequest& r) {
+  const Tokenizer& tok = *m.ckpt.model.tokenizer;
+  const model::Decoder& dec = m.ckpt.model.decoder;
+  const int64_t context = m.scheduler->context();
+  const int64_t vocab = dec.config().vocab_size;
+  EncodeOptions eo;
+  eo.add_special = r.add_special;
+  std::vector<std::vector<TokenId>> encoded;
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    const std::string param = r.inputs.size() == 1 ? "input" : "input[" + std::to_string(i) + "]";
+    encoded.push_back(tok.encode(r.inputs[i], eo));
+    const int64_t n = static_cast<int64_t>(encoded.back().size());
+    if (n < 2)
+      return {400, api_error(400, "'" + param + "' encodes to " + std::to_string(n) +
+                                      " token(s); scoring needs at least two (the first predicts the second)", param)
+                       .to_json()};
+    if (n > context)
+      return {400, api_error(400, "'" + param + "' is " + std::to_string(n) + " tokens; the context is " +
+                                      std::to_string(context) + " tokens", param, "context_length_exceeded")
+                       .to_json()};
+  }
+  // Chunks of positions through one cache row: the logits of a chunk are [1, T, V], never the
+  // whole text's at once.
+  constexpr int64_t kChunk = 256;
+  nlohmann::json data = nlohmann::json::array();
+  int64_t prompt_tokens = 0;
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    const std::vector<TokenId>& ids = encoded[i];
+    const int64_t n = static_cast<int64_t>(ids.size());
+    model::KVCache cache(dec.config(), 1, n);
+    double total = 0;
+    for (int64_t begin = 0; begin + 1 < n; begin += kChunk) {
+      const int64_t len = std::min(kChunk, n - 1 - begin);  // the last token predicts nothing
+      std::vector<int32_t> chunk(ids.begin() + begin, ids.begin() + begin + len);
+      const Tensor logits = dec.forward_cached(Tensor::from_vector(chunk, {1, len}), cache, {0}, model::Logits::All)
+                                .contiguous();
+      const float* x = logits.data<float>();
+      for (int64_t t = 0; t < len; ++t) {
+        const float* row = x + t * vocab;
+        float mx = -INFINITY;
+        for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, row[v]);
+        double sum = 0;
+        for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+        total += static_cast<double>(row[ids[begin + t + 1]]) - (mx + std::log(sum));
+      }
+    }
+    const int64_t count = n - 1;
+    prompt_tokens += n;
+    data.push_back({{"index", i},
+                    {"object", "score"},
+                    {"logprob", total},
+                    {"tokens", count},
+                    {"mean_logprob", total / static_cast<double>(count)},
+                    {"perplexity", std::exp(-total / static_cast<double>(count))}});
+  }
+  return {200, {{"object", "list"}, {"model", r.model}, {"data", data},
+                {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}}};
 }
 
 std::string model_of(std::string_view body) {

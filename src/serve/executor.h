@@ -76,6 +76,13 @@ std::vector<infer::RequestId> execute(LoadedModel& model, Endpoint endpoint, std
                                       const std::vector<std::string>& model_ids, const ExecOptions& options,
                                       std::function<void(ExecResult)> done);
 
+// POST /v1/score: the log-likelihood of each input under the model, synchronously on the calling
+// thread (its own KV cache; the decoder is shared read-only with the scheduler). Position t
+// predicts token t + 1, as `corelm run score`: per input {index, object "score", logprob (the
+// sum), tokens (scored), mean_logprob, perplexity}; 400 naming input[i] for a text of fewer than
+// two tokens or one longer than the context.
+ExecResult score(const LoadedModel& model, const ScoreRequest& request);
+
 // The model id named by a body ("" when absent or not a string): lets a worker pick the model
 // before it calls execute().
 std::string model_of(std::string_view body);

@@ -403,6 +403,30 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body, co
   });
 }
 
+std::variant<ScoreRequest, ApiError> parse_score(std::string_view body, const RequestLimits& limits,
+                                                 const std::vector<std::string>& models) {
+  return guarded<ScoreRequest>([&] {
+    const json b = parse_object(body);
+    ScoreRequest r;
+    r.model = resolve_model(b, models);
+    const json* in = field(b, "input");
+    if (!in) reject("input", "'input' is required (a string or a list of strings)");
+    if (in->is_string()) {
+      r.inputs.push_back(in->get<std::string>());
+    } else if (in->is_array()) {
+      if (in->empty()) reject("input", "'input' is an empty list");
+      if (static_cast<int64_t>(in->size()) > limits.max_prompts)
+        reject("input", "'input' holds " + std::to_string(in->size()) + " texts; at most " +
+                            std::to_string(limits.max_prompts) + " per request");
+      for (size_t i = 0; i < in->size(); ++i) r.inputs.push_back(get_string((*in)[i], "input[" + std::to_string(i) + "]"));
+    } else {
+      wrong_type("input", "a string or a list of strings", *in);
+    }
+    if (const json* v = field(b, "add_special")) r.add_special = get_bool(*v, "add_special");
+    return r;
+  });
+}
+
 std::variant<DetokenizeRequest, ApiError> parse_detokenize(std::string_view body,
                                                            const std::vector<std::string>& models) {
   return guarded<DetokenizeRequest>([&] {

@@ -97,6 +97,17 @@ struct DetokenizeRequest {
   std::string model;
   std::vector<TokenId> tokens;
 };
+// Body of /v1/score (corelm's): {"model", "input": string | [strings], "add_special": false}.
+// The log-likelihood of each text under the model, as `corelm run score` and the C ABI's
+// corelm_score compute it (the same default: no BOS unless add_special).
+struct ScoreRequest {
+  std::string model;
+  std::vector<std::string> inputs;
+  bool add_special = false;
+};
+std::variant<ScoreRequest, ApiError> parse_score(std::string_view body, const RequestLimits& limits,
+                                                 const std::vector<std::string>& models);
+
 std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body, const std::vector<std::string>& models);
 std::variant<DetokenizeRequest, ApiError> parse_detokenize(std::string_view body,
                                                            const std::vector<std::string>& models);

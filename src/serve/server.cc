@@ -361,7 +361,7 @@ struct Server::Impl {
   std::string endpoint_label(const std::string& path) const {
     static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
                                   "/health", "/metrics", "/slots", "/v1/generate", "/v1/generate/get_results", "/v1/files",
-                                  "/v1/batches"};
+                                  "/v1/batches", "/v1/score"};
     for (const char* k : known)
       if (path == k) return k;
     return "other";
@@ -479,6 +479,19 @@ struct Server::Impl {
                          {"prompt_tokens", s.prompt_tokens}, {"cached_tokens", s.cached_tokens},
                          {"generated_tokens", s.generated_tokens}, {"kv_tokens", s.kv_tokens}});
       res.set_content(dump(out), "application/json");
+    });
+    http.Post("/v1/score", [this](const httplib::Request& req, httplib::Response& res) {
+      auto p = parse_score(req.body, limits(), ids);
+      if (auto* e = std::get_if<ApiError>(&p)) return send_error(res, *e);
+      const auto& r = std::get<ScoreRequest>(p);
+      auto a = acquire(r.model);
+      if (auto* e = std::get_if<ApiError>(&a)) return send_error(res, *e);
+      const ExecResult out = score(*std::get<std::shared_ptr<LoadedModel>>(a), r);
+      if (out.status != 200) {
+        res.status = out.status;
+        return res.set_content(dump(out.body), "application/json");
+      }
+      res.set_content(dump(out.body), "application/json");
     });
     http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       auto p = parse_tokenize(req.body, ids);

@@ -474,8 +474,7 @@ class FakeServerTest(unittest.TestCase):
         self.assertEqual(self.client.chat([{"role": "user", "content": "x"}], max_tokens=3), "re:x")
 
     def test_not_implemented_name_the_endpoint(self):
-        for call, endpoint in ((lambda: self.client.score(["a"]), "/v1/score"),
-                               (lambda: self.client.train("d.jsonl", model_name="m", train_args={}),
+        for call, endpoint in ((lambda: self.client.train("d.jsonl", model_name="m", train_args={}),
                                 "/v1/fine_tuning/jobs"),
                                (lambda: self.client.get_training_job("ftjob-1"), "/v1/fine_tuning/jobs")):
             with self.assertRaises(corelm.CorelmNotImplemented) as cm:

@@ -236,11 +236,23 @@ class Checks:
             raise AssertionError("no error for an unknown batch")
         except corelm.CorelmError as e:
             assert e.status == 404, e
+        # score: the numbers of /v1/score itself, in order, and a bad text named by its index.
+        texts = prompts_for(70, 5)  # more than one request of 64
+        got = self.client.score(texts, model=self.model)
+        assert len(got) == len(texts), len(got)
+        for i in (0, 63, 64, 69):
+            body = json.dumps({"model": self.model, "input": texts[i]}).encode()
+            req = urllib.request.Request(self.client.base_url + "/v1/score", data=body, method="POST",
+                                         headers={"Content-Type": "application/json", "Authorization": "Bearer " + API_KEY})
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
+                direct = json.loads(r.read())["data"][0]
+            assert got[i] == {k: direct[k] for k in ("logprob", "tokens", "mean_logprob", "perplexity")}, (i, got[i], direct)
+            assert got[i]["logprob"] < 0 and got[i]["tokens"] >= 1, got[i]
         try:
-            self.client.score(["a"])
-            raise AssertionError("score did not raise")
-        except corelm.CorelmNotImplemented as e:
-            assert "/v1/score" in str(e)
+            self.client.score(["the cat sat", ""], model=self.model)
+            raise AssertionError("an empty text was scored")
+        except corelm.CorelmError as e:
+            assert (e.status, e.param, e.index) == (400, "input[1]", 1), (e.status, e.param, e.index)
 
     def cli(self, *args, expect=0):
         env = dict(os.environ, PYTHONPATH=self.python_path, CORELM_API_KEY=API_KEY)

@@ -6,6 +6,8 @@
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
+#include <cmath>
+#include <fstream>
 #include <thread>
 
 #include "corelm/serve.h"
@@ -492,6 +494,69 @@ TEST(ServeStartup, BrokenModelIsReportedNotFatal) {
   server.shutdown();
   t.join();
   fs::remove_all(root);
+}
+
+// POST /v1/score: the same numbers as `corelm run score` on the same texts (the same model,
+// precision and encoding), a text's score independent of the others in its request, and the
+// errors naming the input.
+TEST_F(ServeTest, ScoreEqualsCorelmRunScoreAndNamesBadInputs) {
+  const std::vector<std::string> texts = {"the cat sat on a mat", "dog ran fast", "blue river stone market prices rose"};
+  auto [st, r] = post("/v1/score", {{"input", texts}});
+  ASSERT_EQ(st, 200) << r.dump();
+  ASSERT_EQ(r["object"], "list");
+  ASSERT_EQ(r["data"].size(), texts.size());
+  const fs::path in = root_ / "score_in.jsonl", out = root_ / "score_out";
+  {
+    std::ofstream f(in);
+    for (const auto& t : texts) f << json{{"text", t}}.dump() << "\n";
+  }
+  const auto run = testing::run_corelm({"run", "score", "--model", (root_ / "tiny").string(), "--input", in.string(),
+                                        "--out", out.string(), "--overwrite"},
+                                       testing::CliOptions{60});
+  ASSERT_EQ(run.rc, 0) << run.err;
+  std::vector<json> want;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("part-", 0) == 0) {
+      std::ifstream f(e.path());
+      std::string line;
+      while (std::getline(f, line)) want.push_back(json::parse(line));
+    }
+  ASSERT_EQ(want.size(), texts.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const json& got = r["data"][i];
+    EXPECT_EQ(got["index"], i);
+    EXPECT_EQ(got["tokens"], want[i]["tokens"]) << texts[i];
+    const double m = want[i]["mean_logprob"].get<double>();
+    EXPECT_NEAR(got["mean_logprob"].get<double>(), m, 1e-5 * std::max(1.0, std::abs(m))) << texts[i];
+    EXPECT_NEAR(got["logprob"].get<double>(), m * got["tokens"].get<double>(), 1e-4 * std::max(1.0, std::abs(m)));
+    EXPECT_NEAR(got["perplexity"].get<double>(), std::exp(-m), 1e-4 * std::exp(-m));
+    EXPECT_LT(got["logprob"].get<double>(), 0);
+    total += got["tokens"].get<int64_t>() + 1;
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], total);
+  // Alone, the middle text scores exactly as in the list.
+  auto [st1, one] = post("/v1/score", {{"input", texts[1]}});
+  ASSERT_EQ(st1, 200);
+  EXPECT_EQ(one["data"][0]["logprob"], r["data"][1]["logprob"]);
+  // add_special prepends what the tokenizer configures (nothing here: the same score).
+  EXPECT_EQ(post("/v1/score", {{"input", texts[1]}, {"add_special", true}}).first, 200);
+
+  auto bad = [&](const json& body, int status, const std::string& param) {
+    auto [s, e] = post("/v1/score", body);
+    EXPECT_EQ(s, status) << body.dump() << " -> " << e.dump();
+    EXPECT_EQ(e["error"]["param"], param) << e.dump();
+  };
+  bad(json::object(), 400, "input");
+  bad({{"input", json::array()}}, 400, "input");
+  bad({{"input", 3}}, 400, "input");
+  bad({{"input", {"the cat", 7}}}, 400, "input[1]");
+  bad({{"input", {"the cat", ""}}}, 400, "input[1]");  // no token: nothing to predict
+  std::string longer;
+  for (int i = 0; i < 200; ++i) longer += "market ";
+  bad({{"input", longer}}, 400, "input");  // beyond the 96-token context
+  bad({{"model", "nope"}, {"input", "the cat"}}, 404, "model");
+  bad({{"input", "the cat"}, {"add_special", "yes"}}, 400, "add_special");
 }
 
 }  // namespace
