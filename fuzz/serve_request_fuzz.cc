@@ -43,5 +43,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   (void)parse_tokenize(body, models);
   (void)parse_detokenize(body, models);
+  // /v1/score: a parsed body names a served model and 1..max_prompts valid UTF-8 texts.
+  auto sc = parse_score(body, limits, models);
+  if (auto* s = std::get_if<ScoreRequest>(&sc)) {
+    check(s->model == "m" || s->model == "other");
+    check(!s->inputs.empty() && static_cast<int>(s->inputs.size()) <= limits.max_prompts);
+    for (const auto& t : s->inputs) check(corelm::valid_utf8(t));
+  } else {
+    check(std::get<ApiError>(sc).status == 400 || std::get<ApiError>(sc).status == 404);
+  }
   return 0;
 }

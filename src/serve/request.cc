@@ -412,7 +412,7 @@ std::variant<ScoreRequest, ApiError> parse_score(std::string_view body, const Re
     const json* in = field(b, "input");
     if (!in) reject("input", "'input' is required (a string or a list of strings)");
     if (in->is_string()) {
-      r.inputs.push_back(in->get<std::string>());
+      r.inputs.push_back(get_string(*in, "input"));
     } else if (in->is_array()) {
       if (in->empty()) reject("input", "'input' is an empty list");
       if (static_cast<int64_t>(in->size()) > limits.max_prompts)
