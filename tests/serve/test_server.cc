@@ -364,7 +364,13 @@ TEST_F(ServeTest, RequestErrors) {
 TEST_F(ServeTest, MetricsAndSlots) {
   post("/v1/completions", {{"prompt", "the"}, {"max_tokens", 3}});
   auto c = client();
+  // The request counter is written by the server's logger after the response went out: the
+  // client can ask for /metrics a moment before it lands.
   auto m = c.Get("/metrics");
+  for (int i = 0; i < 100 && m && m->body.find("endpoint=\"/v1/completions\",status=\"200\"") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    m = c.Get("/metrics");
+  }
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 200);
   for (const char* name : {"corelm_requests_total{endpoint=\"/v1/completions\",status=\"200\"}", "corelm_prompt_tokens_total",
