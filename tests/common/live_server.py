@@ -87,3 +87,23 @@ class LiveServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def run_checks(checks, ctx, script):
+    """Runs each check(ctx), printing PASS/FAIL NAME (with the failing line of `script`, the
+    calling test's __file__); a failure is reported and the run goes on. Returns (passed, failed)
+    as lists of names."""
+    import traceback
+    passed, failed = [], []
+    for fn in checks:
+        t = time.time()
+        try:
+            fn(ctx)
+            passed.append(fn.__name__)
+            print(f"PASS {fn.__name__} ({time.time() - t:.2f} s)", flush=True)
+        except Exception as e:  # noqa: BLE001 - every failure is reported, the run goes on
+            failed.append(fn.__name__)
+            tb = traceback.extract_tb(e.__traceback__)
+            where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == script), "")
+            print(f"FAIL {fn.__name__} ({where}): {type(e).__name__}: {str(e)[:600]}", flush=True)
+    return passed, failed

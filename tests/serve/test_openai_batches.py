@@ -19,13 +19,12 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 
 import httpx
 import openai
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from live_server import LiveServer  # noqa: E402
+from live_server import LiveServer, run_checks  # noqa: E402
 
 API_KEY = "batch-key-0123456789"
 REQ_TIMEOUT = 20.0
@@ -272,17 +271,9 @@ def main():
                                 + args.server_arg, api_key=API_KEY, keep_lines=30)
             print(f"server ready at {server.url} after {time.time() - t0:.2f} s", flush=True)
             c = Ctx(server, args.requests, args.corelm, args.model, args.server_arg)
-            for fn in CHECKS:
-                t = time.time()
-                try:
-                    fn(c)
-                    passed.append(fn.__name__)
-                    print(f"PASS {fn.__name__} ({time.time() - t:.2f} s)", flush=True)
-                except Exception as e:  # noqa: BLE001 - every failure is reported, the run goes on
-                    failed.append(fn.__name__)
-                    tb = traceback.extract_tb(e.__traceback__)
-                    where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == __file__), "")
-                    print(f"FAIL {fn.__name__} ({where}): {type(e).__name__}: {str(e)[:600]}", flush=True)
+            p, f = run_checks(CHECKS, c, __file__)
+            passed += p
+            failed += f
             if server.proc.poll() is not None:
                 failed.append("server-alive")
                 print(f"FAIL server exited during the run (rc {server.proc.returncode}):\n{server.log()}")
