@@ -10,26 +10,14 @@
 #include <thread>
 
 #include "corelm/queue.h"
+#include "queue/queue_dir_fixture.h"
 
 namespace fs = std::filesystem;
 using namespace corelm::queue;
 
 namespace {
 
-class BatchQueueTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "corelm_batches_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-    path_ = queue_path(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string dir_, path_;
-};
+using BatchQueueTest = QueueDirTest;
 
 std::vector<NewRequest> rows(int n, int from = 0) {
   std::vector<NewRequest> out;
