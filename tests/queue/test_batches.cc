@@ -12,7 +12,6 @@
 #include "corelm/queue.h"
 #include "queue/queue_dir_fixture.h"
 
-namespace fs = std::filesystem;
 using namespace corelm::queue;
 
 namespace {
