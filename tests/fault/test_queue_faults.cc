@@ -89,6 +89,20 @@ class QueueFaults : public ::testing::Test {
     c.set_read_timeout(20, 0);
     return c;
   }
+  // Storage full: /health and interactive completions still answer, new queued work is a 507.
+  static void expect_serving_but_no_room(int port) {
+    auto c = client(port);
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+    auto comp = c.Post("/v1/completions", json({{"prompt", "the cat"}, {"max_tokens", 3}}).dump(), "application/json");
+    ASSERT_TRUE(comp);
+    EXPECT_EQ(comp->status, 200) << comp->body;
+    auto gen = c.Post("/v1/generate", big_generate().dump(), "application/json");
+    ASSERT_TRUE(gen);
+    EXPECT_EQ(gen->status, 507) << gen->body;
+  }
+
   static bool wait_healthy(int port, double timeout_s = 20) {
     auto c = client(port);
     const auto start = Clock::now();
@@ -360,16 +374,7 @@ TEST_F(QueueFaults, DiskFullDuringResultWritesThen507AndNothingLost) {
   const fs::path filler = fill(state, 0);
   // The disk is full: results cannot be stored; the server goes on serving what needs no disk.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  auto c = client(port);
-  auto h = c.Get("/health");
-  ASSERT_TRUE(h);
-  EXPECT_EQ(h->status, 200);
-  auto comp = c.Post("/v1/completions", json({{"prompt", "the cat"}, {"max_tokens", 3}}).dump(), "application/json");
-  ASSERT_TRUE(comp);
-  EXPECT_EQ(comp->status, 200) << comp->body;
-  auto gen = c.Post("/v1/generate", big_generate().dump(), "application/json");
-  ASSERT_TRUE(gen);
-  EXPECT_EQ(gen->status, 507) << gen->body;
+  ASSERT_NO_FATAL_FAILURE(expect_serving_but_no_room(port));
   const int64_t stuck = completed(get_batch(port, id));
   EXPECT_LT(stuck, n);
   // Room again: the batch completes, each row once.
@@ -408,16 +413,7 @@ TEST_F(QueueFaults, DiskCapDuringResultWritesThen507AndRestartWithMoreRoomFinish
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_LT(last, n) << "the cap was never reached";
-  auto c = client(port);
-  auto h = c.Get("/health");
-  ASSERT_TRUE(h);
-  EXPECT_EQ(h->status, 200);
-  auto comp = c.Post("/v1/completions", json({{"prompt", "the cat"}, {"max_tokens", 3}}).dump(), "application/json");
-  ASSERT_TRUE(comp);
-  EXPECT_EQ(comp->status, 200) << comp->body;
-  auto gen = c.Post("/v1/generate", big_generate().dump(), "application/json");
-  ASSERT_TRUE(gen);
-  EXPECT_EQ(gen->status, 507) << gen->body;
+  ASSERT_NO_FATAL_FAILURE(expect_serving_but_no_room(port));
   s->kill(SIGKILL);
   port = start(s, state, "2.log");
   ASSERT_GT(port, 0) << s->log();
