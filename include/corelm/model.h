@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "corelm/kv_cache_type.h"
 #include "corelm/tensor.h"
 
 namespace corelm::model {
@@ -191,6 +192,12 @@ class Decoder {
   Precision inference_precision() const { return fast_ ? fast_precision_ : Precision::F32; }
   bool inference_prepared() const { return prepared_; }
 
+  // What the caches this decoder makes store for keys and values (f32 by default). make_cache is
+  // how callers get a cache: batch rows x capacity positions, typed as set here.
+  void set_kv_cache_types(KVCacheTypes types);
+  const KVCacheTypes& kv_cache_types() const { return kv_types_; }
+  KVCache make_cache(int64_t batch, int64_t capacity) const;
+
  private:
   ModelConfig config_;
   std::vector<std::pair<std::string, Tensor>> params_;
@@ -198,6 +205,7 @@ class Decoder {
   bool prepared_ = false;
   std::shared_ptr<const FastWeights> fast_;  // set when prepared for BF16 or Int8
   Precision fast_precision_ = Precision::BF16;  // what fast_ was packed as
+  KVCacheTypes kv_types_;
 };
 
 }  // namespace corelm::model

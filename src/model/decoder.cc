@@ -124,6 +124,16 @@ Precision parse_precision(const std::string& s) {
   throw ValueError("unknown precision '" + s + "' (use f32, bf16 or int8)");
 }
 
+void Decoder::set_kv_cache_types(KVCacheTypes types) {
+  // Until the quantized caches land (issue 18), only f32 keys and values exist: say so rather
+  // than run with a type the caller did not get.
+  CORELM_CHECK(types.all_f32(), ValueError, "KV cache type k=", kv_cache_type_name(types.k),
+               " v=", kv_cache_type_name(types.v), " is not implemented yet (only f32)");
+  kv_types_ = types;
+}
+
+KVCache Decoder::make_cache(int64_t batch, int64_t capacity) const { return KVCache(config_, batch, capacity); }
+
 void Decoder::prepare_inference(Precision p) {
   fast_.reset();  // free the old packing before building a new one
   if (p != Precision::F32) fast_ = std::make_shared<const FastWeights>(pack_fast_weights(*this, p));
