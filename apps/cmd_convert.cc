@@ -1,6 +1,7 @@
 // corelm convert IN OUT: any checkpoint corelm loads (model directory / Hugging Face folder, GGUF,
 // llama2.c .bin with --tokenizer, single .safetensors) written as a corelm or Hugging Face folder or
 // a llama.cpp GGUF file. Progress on stderr; --json prints a summary object on stdout.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -19,6 +20,12 @@ struct ConvertArgs {
   bool no_strict = false, json = false;
 };
 
+std::string dtype_list() {
+  std::string s;
+  for (const auto& n : model::gguf_save_dtypes()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
 void run(const ConvertArgs& a) {
   const auto start = std::chrono::steady_clock::now();
   auto say = [&](const std::string& m) {
@@ -28,9 +35,11 @@ void run(const ConvertArgs& a) {
   // Refuse an impossible target/dtype before the (slow) load.
   const std::string to = a.to.empty() ? (a.out.ends_with(".gguf") ? "gguf" : "corelm") : a.to;
   CORELM_CHECK(to == "corelm" || to == "hf" || to == "gguf", ValueError, "--to '", to, "' (supported: corelm, hf, gguf)");
-  CORELM_CHECK(a.dtype == "f32" || a.dtype == "bf16" || a.dtype == "f16" || a.dtype == "q8_0", ValueError, "--dtype '",
-               a.dtype, "' (supported: f32, bf16, f16, q8_0)");
-  CORELM_CHECK(a.dtype != "q8_0" || to == "gguf", ValueError, "--dtype q8_0 is a GGUF type; --to ", to,
+  const auto& gguf_dtypes = model::gguf_save_dtypes();
+  CORELM_CHECK(std::find(gguf_dtypes.begin(), gguf_dtypes.end(), a.dtype) != gguf_dtypes.end(), ValueError, "--dtype '",
+               a.dtype, "' (supported: ", dtype_list(), ")");
+  const bool plain = a.dtype == "f32" || a.dtype == "bf16" || a.dtype == "f16";
+  CORELM_CHECK(plain || to == "gguf", ValueError, "--dtype ", a.dtype, " is a GGUF type; --to ", to,
                " takes f32, bf16 or f16");
 
   model::LoadOptions lo;
@@ -67,7 +76,9 @@ RegisterCommand reg([](CLI::App& root) {
       ->required();
   c->add_option("OUT", a->out, "output directory, or a .gguf file")->required();
   c->add_option("--to", a->to, "corelm | hf | gguf (default: gguf for a .gguf OUT, else corelm)");
-  c->add_option("--dtype", a->dtype, "2-D weights as f32 | bf16 | f16 | q8_0 (q8_0: gguf only)")->capture_default_str();
+  c->add_option("--dtype", a->dtype, "2-D weights as f32 | bf16 | f16, or (gguf only) q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | "
+                                     "q4_k | q5_k | q6_k (k-quants need rows of 256; other rows fall back, see "
+                                     "docs/INTEROP.md)")->capture_default_str();
   c->add_option("--tokenizer", a->tokenizer, "tokenizer file/dir (required for llama2.c: tokenizer.bin)");
   c->add_option("--shard-size", a->shard_size, "folders: split model.safetensors into shards above this many bytes "
                                                "(default 2 GiB)");

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -124,8 +125,14 @@ ojson inspect(const std::string& path) {
     ojson meta = ojson::object();
     for (const auto& [k, v] : f.metadata()) meta[text(k)] = gguf_value_json(v);
     out["metadata"] = meta;
-    for (const auto& t : f.tensors())
+    // Each tensor's ggml type is its "dtype"; a count per type says what a file is quantised to
+    // (llama.cpp files mix types: Q4_K_M keeps some tensors Q6_K, norms F32).
+    std::map<std::string, int64_t> per_type;
+    for (const auto& t : f.tensors()) {
       tensors.push_back(tensor_entry(text(t.name), io::ggml_type_name(t.type), t.shape(), t.nbytes, total));
+      ++per_type[io::ggml_type_name(t.type)];
+    }
+    out["ggml_types"] = per_type;
     try {
       out["config"] = io::load_gguf_model(file).config;
     } catch (const Error& e) {
@@ -171,7 +178,13 @@ void run(const InspectArgs& args) {
   }
   if (r.contains("metadata"))
     for (const auto& [k, v] : r["metadata"].items()) std::cout << "  " << k << " = " << v.dump(-1, ' ', false, ojson::error_handler_t::replace) << "\n";
-  std::cout << "tensors:    " << r["tensors"].size() << "\n";
+  std::cout << "tensors:    " << r["tensors"].size();
+  if (r.contains("ggml_types")) {
+    std::string types;
+    for (const auto& [type, n] : r["ggml_types"].items()) types += (types.empty() ? "" : ", ") + type + " x " + n.dump();
+    std::cout << " (" << types << ")";
+  }
+  std::cout << "\n";
   for (const auto& t : r["tensors"])
     std::cout << "  " << t["name"].get<std::string>() << "  " << t["dtype"].get<std::string>() << "  "
               << t["shape"].dump() << "  " << t["bytes"].get<uint64_t>() << " B\n";

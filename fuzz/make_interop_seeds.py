@@ -72,6 +72,21 @@ def write_gguf_seeds(out):
         w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
+    # One tensor of each quantised type corelm reads, from block bytes: random code bits with finite
+    # f16 scales at each type's scale offsets (gguf 0.10.0 has no k-quant quantiser).
+    Q = gguf.GGMLQuantizationType
+    scale_offsets = {Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q2_K: [80, 82], Q.Q3_K: [108],
+                     Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+    w = gguf.GGUFWriter(os.path.join(out, "quants.gguf"), "llama")
+    for qtype, offsets in scale_offsets.items():
+        block, size = gguf.constants.GGML_QUANT_SIZES[qtype]
+        n = 256 // block  # one row of 256 values
+        data = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+        for off in offsets:
+            data[:, off:off + 2] = (rng.standard_normal(n) * 0.05).astype(np.float16).view(np.uint8).reshape(n, 2)
+        w.add_tensor(qtype.name.lower(), data.reshape(1, n * size), raw_dtype=qtype)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+
 
 if __name__ == "__main__":
     write_safetensors_seeds(os.path.join(HERE, "seeds", "safetensors"))

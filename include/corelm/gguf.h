@@ -25,11 +25,20 @@ enum class GGUFType : uint32_t {
 };
 const char* gguf_type_name(GGUFType t);
 
-// ggml tensor types this reader knows. Q8_0 and Q4_0 are blocks of 32 values with an f16 scale;
-// they are dequantised to f32 on read and quantised on write.
-enum class GGMLType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
+// ggml tensor types this reader knows: the plain float types, llama.cpp's legacy block types
+// (blocks of 32 values with f16 scales) and its k-quants (blocks of 256 values in sub-blocks with
+// small integer scales). Block types are dequantised to f32 on read; all but Q2_K/Q3_K can be
+// written (src/io/ggml_quants.h describes each layout).
+enum class GGMLType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+};
 const char* ggml_type_name(GGMLType t);
-uint64_t ggml_nbytes(GGMLType t, int64_t numel);  // numel a multiple of 32 for block types
+int64_t ggml_block_size(GGMLType t);  // values per block: 1 for F32/F16/BF16, 32 or 256
+bool ggml_can_write(GGMLType t);      // save_gguf can quantise to it
+uint64_t ggml_nbytes(GGMLType t, int64_t numel);  // numel a multiple of ggml_block_size(t)
+// "q4_k" -> Q4_K (any case); ValueError listing the names when unknown.
+GGMLType ggml_type_from_name(const std::string& name);
 
 struct GGUFValue;
 
@@ -161,7 +170,7 @@ class GGUFFile {
   const GGUFTensorInfo& info(const std::string& name) const;  // IndexError naming file and tensor
 
   // Row-major tensor (shape = reversed ne): F32/F16/BF16 as zero-copy views of the mapping,
-  // Q8_0/Q4_0 dequantised into a fresh f32 tensor.
+  // block types dequantised into a fresh f32 tensor.
   Tensor get(const std::string& name) const;
 
  private:
@@ -181,12 +190,14 @@ struct GGUFWriteTensor {
 };
 
 // Writes a GGUF v3 file atomically. general.alignment in `metadata` (u32) sets the alignment,
-// else 32. Block types need the last dimension to be a multiple of 32 (ValueError naming the
-// tensor). Duplicate keys or tensor names are ValueErrors.
+// else 32. Block types need the last dimension to be a multiple of their block size (32 or 256;
+// ValueError naming the tensor), and a type save_gguf can write (ggml_can_write). Duplicate keys
+// or tensor names are ValueErrors.
 void save_gguf(const std::string& path, const std::vector<std::pair<std::string, GGUFValue>>& metadata,
                const std::vector<GGUFWriteTensor>& tensors);
 
-// Block (de)quantisation, exposed for tests: n a multiple of 32.
+// Block (de)quantisation, exposed for tests: n a multiple of 32. The other types' codecs are in
+// src/io/ggml_quants.h.
 void quantize_q8_0(const float* x, int64_t n, uint8_t* out);
 void dequantize_q8_0(const uint8_t* in, int64_t n, float* y);
 void quantize_q4_0(const float* x, int64_t n, uint8_t* out);
@@ -208,8 +219,10 @@ struct GGUFModel {
   std::vector<std::pair<std::string, Tensor>> tensors;  // HF names, f32, HF (rotate-half) layout
 };
 
-// `weight_type` applies to 2-D tensors whose rows fit its blocks (others are stored F16 when a
-// block type was asked for); 1-D tensors (norms, biases) are always F32, as llama.cpp does.
+// `weight_type` applies to 2-D tensors whose rows fit its blocks; a row that a k-quant's 256 does
+// not divide falls back to a 32-value type of about as many bits (Q4_K -> Q5_0, Q5_K -> Q5_1,
+// Q6_K -> Q8_0, as llama.cpp's quantizer does), and a row that 32 does not divide to F16.
+// 1-D tensors (norms, biases) are always F32, as llama.cpp does.
 // `extra` metadata (e.g. tokenizer.ggml.*) is appended after the architecture keys.
 void save_gguf_model(const std::string& path, const nlohmann::json& config,
                      const std::vector<std::pair<std::string, Tensor>>& hf_tensors,

@@ -65,7 +65,8 @@ Checkpoint load_model(const std::string& path, const LoadOptions& options = {});
 
 struct SaveOptions {
   std::string to;                  // "corelm", "hf" (same layout, HF-ready) or "gguf"; "" = from the path
-  std::string dtype = "f32";       // 2-D weights: f32, bf16, f16 (all targets) or q8_0 (gguf only)
+  std::string dtype = "f32";       // 2-D weights: f32, bf16, f16 (all targets) or, gguf only, a
+                                   // ggml block type (gguf_save_dtypes)
   uint64_t shard_size = 0;         // hf/corelm: above this many bytes, shards + index.json (0: 2 GB)
   std::function<void(const std::string&)> progress;  // one line per step (may be empty)
 };
@@ -83,5 +84,8 @@ struct SaveSummary {
 // such as README.md, are kept; a non-empty folder holding no model file is refused with IOError).
 // ValueError for an unknown target or a dtype the target cannot hold.
 SaveSummary save_model(const Checkpoint& ckpt, const std::string& path, const SaveOptions& options = {});
+// SaveOptions::dtype values for --to gguf: f32, bf16, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k,
+// q6_k. A k-quant's rows must be multiples of 256: other 2-D tensors fall back (save_gguf_model).
+const std::vector<std::string>& gguf_save_dtypes();
 
 }  // namespace corelm::model

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "corelm/error.h"
 #include "corelm/utf8.h"
 #include "io/atomic_writer.h"
+#include "io/ggml_quants.h"
 
 namespace corelm::io {
 
@@ -24,16 +26,13 @@ static_assert(std::endian::native == std::endian::little, "GGUF I/O assumes a li
 
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr uint64_t kQ8Bytes = 2 + 32, kQ4Bytes = 2 + 16;
 constexpr uint32_t kMaxDims = 4;
 // Arrays of arrays are legal but unused in practice; the bound stops a crafted file from
 // recursing without end. Element counts are bounded by the bytes left in the file.
 constexpr uint64_t kMaxArrayNesting = 4;
 
 bool known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GGUFType::Float64); }
-bool known_ggml_type(uint32_t t) { return t == 0 || t == 1 || t == 2 || t == 8 || t == 30; }
-bool is_block_type(GGMLType t) { return t == GGMLType::Q8_0 || t == GGMLType::Q4_0; }
+bool known_ggml_type(uint32_t t) { return ggml_type_info(t) != nullptr; }
 
 size_t scalar_size(GGUFType t) {
   switch (t) {
@@ -217,25 +216,32 @@ const char* gguf_type_name(GGUFType t) {
 }
 
 const char* ggml_type_name(GGMLType t) {
-  switch (t) {
-    case GGMLType::F32: return "F32";
-    case GGMLType::F16: return "F16";
-    case GGMLType::Q4_0: return "Q4_0";
-    case GGMLType::Q8_0: return "Q8_0";
-    case GGMLType::BF16: return "BF16";
-  }
-  return "unknown";
+  const GGMLTypeInfo* i = ggml_type_info(static_cast<uint32_t>(t));
+  return i ? i->name : "unknown";
+}
+
+int64_t ggml_block_size(GGMLType t) {
+  const GGMLTypeInfo* i = ggml_type_info(static_cast<uint32_t>(t));
+  return i ? i->block_values : 1;
+}
+
+bool ggml_can_write(GGMLType t) {
+  const GGMLTypeInfo* i = ggml_type_info(static_cast<uint32_t>(t));
+  return i && (i->block_values == 1 || i->encode != nullptr);
 }
 
 uint64_t ggml_nbytes(GGMLType t, int64_t numel) {
-  const auto n = static_cast<uint64_t>(numel);
-  switch (t) {
-    case GGMLType::F32: return n * 4;
-    case GGMLType::F16: case GGMLType::BF16: return n * 2;
-    case GGMLType::Q8_0: return n / kBlock * kQ8Bytes;
-    case GGMLType::Q4_0: return n / kBlock * kQ4Bytes;
-  }
-  return 0;
+  const GGMLTypeInfo* i = ggml_type_info(static_cast<uint32_t>(t));
+  if (!i) return 0;
+  return static_cast<uint64_t>(numel) / static_cast<uint64_t>(i->block_values) * i->block_bytes;
+}
+
+GGMLType ggml_type_from_name(const std::string& name) {
+  std::string upper = name;
+  for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  for (uint32_t t = 0; t < 64; ++t)
+    if (const GGMLTypeInfo* i = ggml_type_info(t); i && upper == i->name) return i->type;
+  throw ValueError("unknown ggml type '" + name + "' (known: " + ggml_supported_types() + ")");
 }
 
 // ---- arrays ---------------------------------------------------------------------------------
@@ -486,53 +492,6 @@ bool GGUFValue::operator==(const GGUFValue& o) const {
 
 Shape GGUFTensorInfo::shape() const { return Shape(ne.rbegin(), ne.rend()); }
 
-// ---- quantisation -------------------------------------------------------------------------
-
-void quantize_q8_0(const float* x, int64_t n, uint8_t* out) {
-  for (int64_t b = 0; b < n / kBlock; ++b, x += kBlock, out += kQ8Bytes) {
-    float amax = 0;
-    for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::abs(x[j]));
-    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
-    const f16 dh = float_to_f16(d);
-    std::memcpy(out, &dh, 2);
-    for (int64_t j = 0; j < kBlock; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
-  }
-}
-void dequantize_q8_0(const uint8_t* in, int64_t n, float* y) {
-  for (int64_t b = 0; b < n / kBlock; ++b, in += kQ8Bytes, y += kBlock) {
-    f16 dh;
-    std::memcpy(&dh, in, 2);
-    const float d = f16_to_float(dh);
-    for (int64_t j = 0; j < kBlock; ++j) y[j] = static_cast<float>(static_cast<int8_t>(in[2 + j])) * d;
-  }
-}
-// Q4_0: scale d = (the value of largest magnitude) / -8, codes q in 0..15 meaning (q - 8) * d;
-// byte j holds value j in its low nibble and value j + 16 in its high nibble.
-void quantize_q4_0(const float* x, int64_t n, uint8_t* out) {
-  for (int64_t b = 0; b < n / kBlock; ++b, x += kBlock, out += kQ4Bytes) {
-    float amax = 0, mx = 0;
-    for (int64_t j = 0; j < kBlock; ++j)
-      if (std::abs(x[j]) > amax) amax = std::abs(x[j]), mx = x[j];
-    const float d = mx / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
-    const f16 dh = float_to_f16(d);
-    std::memcpy(out, &dh, 2);
-    auto code = [&](float v) { return static_cast<uint8_t>(std::min(15, static_cast<int>(v * id + 8.5f))); };
-    for (int64_t j = 0; j < kBlock / 2; ++j)
-      out[2 + j] = static_cast<uint8_t>(code(x[j]) | (code(x[j + kBlock / 2]) << 4));
-  }
-}
-void dequantize_q4_0(const uint8_t* in, int64_t n, float* y) {
-  for (int64_t b = 0; b < n / kBlock; ++b, in += kQ4Bytes, y += kBlock) {
-    f16 dh;
-    std::memcpy(&dh, in, 2);
-    const float d = f16_to_float(dh);
-    for (int64_t j = 0; j < kBlock / 2; ++j) {
-      y[j] = static_cast<float>((in[2 + j] & 0x0F) - 8) * d;
-      y[j + kBlock / 2] = static_cast<float>((in[2 + j] >> 4) - 8) * d;
-    }
-  }
-}
-
 // ---- reader ---------------------------------------------------------------------------------
 
 GGUFFile GGUFFile::open(const std::string& path) {
@@ -604,17 +563,21 @@ GGUFFile GGUFFile::open(const std::string& path) {
     uint64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const auto ne = c.read<uint64_t>("dims of tensor '" + shown + "'");
-      CORELM_CHECK(ne > 0 && ne <= file_size * 2 && numel <= (file_size * 2) / ne, FormatError, w, "dimension ", d,
+      // The densest type (Q2_K) stores 256 values in 84 bytes: more than 4 values per file byte
+      // is impossible, and the bound keeps numel (and the bytes it implies) far from overflow.
+      CORELM_CHECK(ne > 0 && ne <= file_size * 4 && numel <= (file_size * 4) / ne, FormatError, w, "dimension ", d,
                    " = ", ne, " is impossible for a ", file_size, "-byte file");
       numel *= ne;
       info.ne.push_back(static_cast<int64_t>(ne));
     }
     const auto t = c.read<uint32_t>("type of tensor '" + shown + "'");
-    CORELM_CHECK(known_ggml_type(t), FormatError, w, "unsupported ggml type ", t,
-                 " (supported: F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30)");
+    CORELM_CHECK(known_ggml_type(t), FormatError, w, "unsupported ggml type ", t, " (supported: ",
+                 ggml_supported_types(), ")");
     info.type = static_cast<GGMLType>(t);
-    CORELM_CHECK(!is_block_type(info.type) || info.ne[0] % kBlock == 0, FormatError, w, "first dimension ",
-                 info.ne[0], " is not a multiple of the ", ggml_type_name(info.type), " block size 32");
+    // Blocks run along rows: a row length the block does not divide has no valid encoding.
+    CORELM_CHECK(info.ne[0] % ggml_block_size(info.type) == 0, FormatError, w, "row length (first dimension) ",
+                 info.ne[0], " is not a multiple of the ", ggml_type_name(info.type), " block size ",
+                 ggml_block_size(info.type));
     info.offset = c.read<uint64_t>("offset of tensor '" + shown + "'");
     CORELM_CHECK(info.offset % f.alignment_ == 0, FormatError, w, "offset ", info.offset,
                  " is not a multiple of the alignment ", f.alignment_);
@@ -678,18 +641,18 @@ Tensor GGUFFile::get(const std::string& name) const {
     case GGMLType::F32: return view_or_copy(DType::F32);
     case GGMLType::F16: return view_or_copy(DType::F16);
     case GGMLType::BF16: return view_or_copy(DType::BF16);
-    case GGMLType::Q8_0: {
-      Tensor out = Tensor::empty(shape);
-      dequantize_q8_0(src, numel, out.data<float>());
-      return out;
-    }
-    case GGMLType::Q4_0: {
-      Tensor out = Tensor::empty(shape);
-      dequantize_q4_0(src, numel, out.data<float>());
-      return out;
-    }
+    default: break;
   }
-  throw FormatError("GGUF '" + path_ + "': tensor '" + name + "' has an unsupported type");
+  // A block type: sizes were checked when the file was opened (rows whole blocks, bytes inside
+  // the data section), so decoding numel / block whole blocks stays inside the mapping.
+  const GGMLTypeInfo& q = ggml_type_info(t.type);
+  CORELM_CHECK(q.decode != nullptr && numel % q.block_values == 0 &&
+                   t.nbytes == static_cast<uint64_t>(numel / q.block_values) * q.block_bytes,
+               FormatError, "GGUF '", path_, "': tensor '", escape_invalid_utf8(name), "' (", q.name,
+               ") cannot be decoded: ", numel, " values, ", t.nbytes, " bytes");
+  Tensor out = Tensor::empty(shape);
+  q.decode(src, numel / q.block_values, out.data<float>());
+  return out;
 }
 
 // ---- writer ---------------------------------------------------------------------------------
@@ -725,8 +688,11 @@ void save_gguf(const std::string& path, const std::vector<std::pair<std::string,
     CORELM_CHECK(t.value.defined() && t.value.dim() >= 1 && t.value.dim() <= static_cast<int64_t>(kMaxDims),
                  ValueError, w, "needs 1..4 dimensions");
     const int64_t n = t.value.numel(), last = t.value.size(-1);
-    CORELM_CHECK(!is_block_type(t.type) || last % kBlock == 0, ValueError, w, "last dimension ", last,
-                 " is not a multiple of the ", ggml_type_name(t.type), " block size 32");
+    CORELM_CHECK(ggml_can_write(t.type), ValueError, w, "corelm cannot write ggml type ", ggml_type_name(t.type),
+                 " (it reads it)");
+    const int64_t block = ggml_block_size(t.type);
+    CORELM_CHECK(last % block == 0, ValueError, w, "last dimension ", last, " is not a multiple of the ",
+                 ggml_type_name(t.type), " block size ", block);
     std::string blob(ggml_nbytes(t.type, n), '\0');
     auto* dst = reinterpret_cast<uint8_t*>(blob.data());
     auto copy_as = [&](DType dt) {
@@ -737,8 +703,8 @@ void save_gguf(const std::string& path, const std::vector<std::pair<std::string,
       case GGMLType::F32: copy_as(DType::F32); break;
       case GGMLType::F16: copy_as(DType::F16); break;
       case GGMLType::BF16: copy_as(DType::BF16); break;
-      case GGMLType::Q8_0: quantize_q8_0(t.value.to(DType::F32).contiguous().data<float>(), n, dst); break;
-      case GGMLType::Q4_0: quantize_q4_0(t.value.to(DType::F32).contiguous().data<float>(), n, dst); break;
+      default:
+        ggml_type_info(t.type).encode(t.value.to(DType::F32).contiguous().data<float>(), n / block, dst);
     }
     put_string(header, t.name);
     put(static_cast<uint32_t>(t.value.dim()));

@@ -65,6 +65,38 @@ std::string hf_name_from_gguf(const std::string& g) {
   throw ValueError("gguf: no Hugging Face name for tensor '" + g + "'");
 }
 
+namespace {
+// llama.cpp's general.file_type ("mostly X"; informational): its LLAMA_FTYPE numbers. A file whose
+// weights are all one k-quant is the "_S" (small) variant of that type.
+uint32_t llama_file_type(GGMLType t) {
+  switch (t) {
+    case GGMLType::F32: return 0;
+    case GGMLType::F16: return 1;
+    case GGMLType::Q4_0: return 2;
+    case GGMLType::Q4_1: return 3;
+    case GGMLType::Q8_0: return 7;
+    case GGMLType::Q5_0: return 8;
+    case GGMLType::Q5_1: return 9;
+    case GGMLType::Q2_K: return 10;
+    case GGMLType::Q3_K: return 11;
+    case GGMLType::Q4_K: return 14;
+    case GGMLType::Q5_K: return 16;
+    case GGMLType::Q6_K: return 18;
+    case GGMLType::BF16: return 32;
+  }
+  return 0;
+}
+// For rows a k-quant's 256-value blocks do not divide: a 32-value type of at least as many bits.
+GGMLType row_fallback(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q2_K: case GGMLType::Q3_K: case GGMLType::Q4_K: return GGMLType::Q5_0;
+    case GGMLType::Q5_K: return GGMLType::Q5_1;
+    case GGMLType::Q6_K: return GGMLType::Q8_0;
+    default: return GGMLType::F16;
+  }
+}
+}  // namespace
+
 void save_gguf_model(const std::string& path, const nlohmann::json& c,
                      const std::vector<std::pair<std::string, Tensor>>& hf_tensors, GGMLType weight_type,
                      const std::vector<std::pair<std::string, GGUFValue>>& extra) {
@@ -77,8 +109,7 @@ void save_gguf_model(const std::string& path, const nlohmann::json& c,
   using T = GGUFType;
   auto u32 = [](int64_t v) { return GGUFValue::of(T::Uint32, v); };
   auto f32 = [](double v) { return GGUFValue::of_float(T::Float32, v); };
-  const uint32_t file_type = weight_type == GGMLType::F32 ? 0 : weight_type == GGMLType::F16 ? 1
-                             : weight_type == GGMLType::Q4_0 ? 2 : weight_type == GGMLType::Q8_0 ? 7 : 32;
+  const uint32_t file_type = llama_file_type(weight_type);
   std::vector<std::pair<std::string, GGUFValue>> kv = {
       {"general.architecture", GGUFValue::of_string(arch)},
       {"general.name", GGUFValue::of_string(c.value("_name_or_path", std::string("corelm")))},
@@ -105,7 +136,8 @@ void save_gguf_model(const std::string& path, const nlohmann::json& c,
     const bool k = name.find("self_attn.k_proj.") != std::string::npos;
     if (arch == "llama" && (q || k)) v = permute_rows(v, q ? heads : kv_heads, /*to_interleaved=*/true);
     GGMLType type = v.dim() == 1 ? GGMLType::F32 : weight_type;
-    if ((type == GGMLType::Q8_0 || type == GGMLType::Q4_0) && v.size(-1) % 32 != 0) type = GGMLType::F16;
+    if (v.size(-1) % ggml_block_size(type) != 0) type = row_fallback(type);
+    if (v.size(-1) % ggml_block_size(type) != 0) type = GGMLType::F16;
     out.push_back({gguf_name_from_hf(name), v, type});
   }
   save_gguf(path, kv, out);

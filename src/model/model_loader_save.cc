@@ -187,20 +187,24 @@ void write_folder_files(const Checkpoint& ck, const fs::path& dir, const fs::pat
 // tokenizer.json). Files that are not part of a model (README.md, LICENSE, ...) are kept.
 void write_folder(const Checkpoint& ck, const fs::path& dir, const SaveOptions& o, SaveSummary& s) {
   CORELM_CHECK(o.dtype == "f32" || o.dtype == "bf16" || o.dtype == "f16", ValueError, "convert: --dtype ", o.dtype,
-               " is not available for --to ", o.to, " (f32, bf16, f16; q8_0 is a GGUF type: use --to gguf)");
+               " is not available for --to ", o.to, " (f32, bf16, f16; ", o.dtype, " is a GGUF type: use --to gguf)");
   auto staged = detail::stage_model_dir(dir.string(), [](const std::string& name) { return !detail::is_model_file(name); });
   write_folder_files(ck, staged->path(), dir, o, s);
   if (o.progress) o.progress("committing " + dir.string());
   staged->commit();
 }
 
+// --dtype for --to gguf: a ggml type corelm writes, by its lower-case name.
+io::GGMLType gguf_weight_type(const std::string& dtype) {
+  const auto& names = gguf_save_dtypes();
+  if (std::find(names.begin(), names.end(), dtype) != names.end()) return io::ggml_type_from_name(dtype);
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw ValueError("convert: --dtype " + dtype + " is not available for --to gguf (" + list + ")");
+}
+
 void write_gguf(const Checkpoint& ck, const std::string& path, const SaveOptions& o, SaveSummary& s) {
-  io::GGMLType type;
-  if (o.dtype == "f32") type = io::GGMLType::F32;
-  else if (o.dtype == "bf16") type = io::GGMLType::BF16;
-  else if (o.dtype == "f16") type = io::GGMLType::F16;
-  else if (o.dtype == "q8_0") type = io::GGMLType::Q8_0;
-  else throw ValueError("convert: --dtype " + o.dtype + " is not available for --to gguf (f32, bf16, f16, q8_0)");
+  const io::GGMLType type = gguf_weight_type(o.dtype);
   const Decoder& d = ck.model.decoder;
   std::vector<std::pair<std::string, io::GGUFValue>> extra = ck.tokenizer_source.gguf_metadata;
   if (extra.empty()) s.warnings.push_back("no GGUF tokenizer metadata: llama.cpp will need a vocabulary from elsewhere");
@@ -214,6 +218,21 @@ void write_gguf(const Checkpoint& ck, const std::string& path, const SaveOptions
 }
 
 }  // namespace
+
+const std::vector<std::string>& gguf_save_dtypes() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (io::GGMLType t : {io::GGMLType::F32, io::GGMLType::BF16, io::GGMLType::F16, io::GGMLType::Q8_0,
+                           io::GGMLType::Q4_0, io::GGMLType::Q4_1, io::GGMLType::Q5_0, io::GGMLType::Q5_1,
+                           io::GGMLType::Q4_K, io::GGMLType::Q5_K, io::GGMLType::Q6_K}) {
+      std::string n = io::ggml_type_name(t);
+      for (auto& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      v.push_back(n);
+    }
+    return v;
+  }();
+  return names;
+}
 
 SaveSummary save_model(const Checkpoint& ck, const std::string& path, const SaveOptions& options) {
   SaveOptions o = options;

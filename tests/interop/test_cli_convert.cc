@@ -87,6 +87,31 @@ TEST_F(CliConvert, Llama2cToGgufToShardedFolderGeneratesTheSameText) {
   EXPECT_NE(first.find("Lily"), std::string::npos) << first;
 }
 
+// A quantised GGUF (issue 18): convert writes it, inspect counts tensors per ggml type, generate
+// runs it. stories260K's rows of 64 take Q4_1; w2's rows of 172 are not whole blocks (F16).
+TEST_F(CliConvert, QuantisedGgufInspectsAndGenerates) {
+  const std::string bin = (kStories / "stories260K.bin").string(), tok = (kStories / "tok512.bin").string();
+  const std::string gguf = (dir_ / "q.gguf").string();
+  CmdResult r = run("convert " + bin + " " + gguf + " --tokenizer " + tok + " --dtype q4_1 --json", true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run("inspect " + gguf + " --json", true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["ggml_types"].value("Q4_1", 0), 0) << j["ggml_types"].dump();
+  EXPECT_GT(j["ggml_types"].value("F32", 0), 0) << j["ggml_types"].dump();
+  int64_t counted = 0;
+  for (const auto& [type, n] : j["ggml_types"].items()) counted += n.get<int64_t>();
+  EXPECT_EQ(counted, static_cast<int64_t>(j["tensors"].size()));
+  r = run("inspect " + gguf, true);
+  EXPECT_NE(r.out.find("Q4_1 x "), std::string::npos) << r.out;
+  r = run("generate --model " + gguf + " --prompt 'Once upon a time' --greedy -n 20 --json", true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(nlohmann::json::parse(last_line(r.out))["text"].get<std::string>().empty());
+  r = run("convert " + bin + " " + (dir_ / "k.gguf").string() + " --tokenizer " + tok + " --dtype q2_k");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("supported: f32, bf16, f16, q8_0, q4_0, q4_1"), std::string::npos) << r.out;
+}
+
 TEST_F(CliConvert, ErrorsAreOneClearLine) {
   const std::string bin = (kStories / "stories260K.bin").string();
   CmdResult r = run("convert " + bin + " " + (dir_ / "x").string() + " --dtype q8_0");
