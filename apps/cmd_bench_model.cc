@@ -3,6 +3,9 @@
 // runs), batched and batch-1 generated tokens/s (decode with the full LM head), training
 // tokens/s through the real trainer; plus an optional llama-bench-style grid (pp N / tg N by
 // batch and context depth). Every figure: one warm-up run, then repeats for >= --seconds.
+// The llama-bench matrix (--repetitions, --cache-type-k/-v, --kv-budget; include/corelm/bench_matrix.h):
+// tests "pp512", "tg128 @ d4096", ... at batch 1, each repeated N times (avg_ts, stddev_ts,
+// samples_ts), with the KV memory at each depth and the largest context a memory budget holds.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -17,6 +20,7 @@
 
 #include "command_registry.h"
 #include "corelm/autograd.h"
+#include "corelm/bench_matrix.h"
 #include "corelm/error.h"
 #include "corelm/isa.h"
 #include "corelm/model.h"
@@ -33,7 +37,9 @@ struct BenchModelArgs {
   int threads = 1;
   bool json = false, grid = false, no_train = false, pin_threads = false;
   std::vector<std::string> only;  // empty: every figure
+  bool no_headline = false;
   bool wants(const std::string& figure) const {
+    if (no_headline) return false;
     if (no_train && (figure == "train" || figure == "train_sampled")) return false;
     return only.empty() || std::find(only.begin(), only.end(), figure) != only.end();
   }
@@ -41,8 +47,14 @@ struct BenchModelArgs {
   uint64_t seed = 1;
   int64_t score_batch = 16, score_seq = 256, gen_batch = 16, gen_steps = 128;
   int64_t train_batch = 8, train_seq = 128, train_steps = 4;
-  int64_t pp = 512, tg = 128;
+  std::vector<int64_t> pp{512}, tg{128};
   std::vector<int64_t> batch{1, 16, 32}, depth{0};
+  // The llama-bench matrix: on when any of its flags is given (then the headline figures run only
+  // when --only names them).
+  bool matrix = false;
+  int repetitions = 5;
+  std::string cache_type_k = "f32", cache_type_v = "f32";
+  int64_t kv_budget = -1;  // bytes; < 0: not asked
 };
 
 using Clock = std::chrono::steady_clock;
@@ -97,7 +109,7 @@ void fill_depth(const model::Decoder& d, model::KVCache& cache, int64_t depth, G
 // Prefill of B x T tokens at `depth`, logits as asked; tokens/s.
 Rate prefill_rate(const model::Decoder& d, int64_t B, int64_t T, int64_t depth, model::Logits logits, double secs,
                     Generator& gen) {
-  model::KVCache cache(d.config(), B, depth + T);
+  model::KVCache cache = d.make_cache(B, depth + T);
   fill_depth(d, cache, depth, gen);
   const Tensor ids = random_ids(B, T, d.config().vocab_size, gen);
   const auto rows = iota_rows(B);
@@ -110,7 +122,7 @@ Rate prefill_rate(const model::Decoder& d, int64_t B, int64_t T, int64_t depth, 
 
 // `steps` decode steps of B rows from `depth`, full LM head; generated tokens/s.
 Rate decode_rate(const model::Decoder& d, int64_t B, int64_t steps, int64_t depth, double secs, Generator& gen) {
-  model::KVCache cache(d.config(), B, depth + steps);
+  model::KVCache cache = d.make_cache(B, depth + steps);
   fill_depth(d, cache, depth, gen);
   const Tensor ids = random_ids(B, 1, d.config().vocab_size, gen);
   const auto rows = iota_rows(B);
@@ -164,12 +176,65 @@ double train_rate(const model::ModelConfig& config, const BenchModelArgs& a, con
   return r.tokens_per_s;
 }
 
+// The llama-bench matrix into r: "type_k"/"type_v", "context", "tests" (one object per test, llama-bench's
+// field names), "kv_memory" (bytes of one sequence's cache at each depth) and, with --kv-budget,
+// "kv_budget" (the largest context whose cache fits).
+void add_matrix(const model::Decoder& d, const BenchModelArgs& a, nlohmann::ordered_json& r) {
+  infer::BenchMatrixOptions o;
+  o.pp = a.pp;
+  o.tg = a.tg;
+  o.depth = a.depth;
+  o.repetitions = a.repetitions;
+  o.seed = a.seed + 2;
+  const std::string type_k = model::kv_cache_type_name(d.kv_cache_types().k);
+  const std::string type_v = model::kv_cache_type_name(d.kv_cache_types().v);
+  r["type_k"] = type_k;
+  r["type_v"] = type_v;
+  r["context"] = d.config().max_position_embeddings;
+  nlohmann::ordered_json tests = nlohmann::ordered_json::array();
+  for (const infer::BenchTest& t : infer::run_bench_matrix(d, o))
+    tests.push_back({{"test", t.name}, {"n_prompt", t.n_prompt}, {"n_gen", t.n_gen}, {"n_depth", t.n_depth},
+                     {"n_threads", a.threads}, {"type_k", type_k}, {"type_v", type_v}, {"avg_ts", t.avg_ts},
+                     {"stddev_ts", t.stddev_ts}, {"samples_ts", t.samples_ts}, {"kv_bytes", t.kv_bytes}});
+  r["tests"] = tests;
+  nlohmann::ordered_json memory = nlohmann::ordered_json::array();
+  for (int64_t depth : a.depth) memory.push_back({{"n_depth", depth}, {"bytes", infer::kv_cache_bytes(d, depth)}});
+  r["kv_memory"] = memory;
+  if (a.kv_budget >= 0)
+    r["kv_budget"] = {{"bytes", a.kv_budget},
+                      {"bytes_per_token", static_cast<double>(infer::kv_cache_bytes(d, 1 << 20)) / double(1 << 20)},
+                      {"max_context", infer::max_context_for_kv_budget(d, a.kv_budget)}};
+}
+
+void print_matrix(const nlohmann::ordered_json& r) {
+  std::printf("\n| test | type_k | type_v | KV MiB | t/s |\n|---|---|---|---:|---:|\n");
+  for (const auto& t : r["tests"])
+    std::printf("| %s | %s | %s | %.2f | %.2f ± %.2f |\n", t["test"].get<std::string>().c_str(),
+                t["type_k"].get<std::string>().c_str(), t["type_v"].get<std::string>().c_str(),
+                t["kv_bytes"].get<double>() / (1 << 20), t["avg_ts"].get<double>(), t["stddev_ts"].get<double>());
+  if (r.contains("kv_budget"))
+    std::printf("KV budget %lld bytes: largest context %lld tokens (%.1f bytes/token)\n",
+                static_cast<long long>(r["kv_budget"]["bytes"].get<int64_t>()),
+                static_cast<long long>(r["kv_budget"]["max_context"].get<int64_t>()),
+                r["kv_budget"]["bytes_per_token"].get<double>());
+}
+
 void run(const BenchModelArgs& a) {
   CORELM_CHECK(a.threads >= 1, ValueError, "bench model: --threads must be >= 1");
   if (a.pin_threads) set_pin_threads(true);  // before the workers start, so each starts pinned
   set_num_threads(a.threads);
-  const model::ModelConfig config = model::ModelConfig::preset(a.preset);
+  model::ModelConfig config = model::ModelConfig::preset(a.preset);
+  if (a.matrix) {
+    // Random weights have no trained context: RoPE runs at any position, so the matrix's deepest
+    // test sets the context when it is above the preset's.
+    int64_t need = 0;
+    for (int64_t depth : a.depth)
+      for (const auto* list : {&a.pp, &a.tg})
+        for (int64_t n : *list) need = std::max(need, depth + n);
+    config.max_position_embeddings = std::max(config.max_position_embeddings, need);
+  }
   model::Decoder d(config);
+  d.set_kv_cache_types({model::parse_kv_cache_type(a.cache_type_k), model::parse_kv_cache_type(a.cache_type_v)});
   {
     // Random weights rounded to bf16, so the f32 and bf16 paths see the same model.
     autograd::NoGradGuard no_grad;
@@ -225,18 +290,22 @@ void run(const BenchModelArgs& a) {
                            {"flops_per_token_no_head", flops_per_token},
                            {"lm_head_flops_per_token", 2.0 * double(config.vocab_size * config.hidden_size)},
                            {"config", config.to_json()}};
-  if (a.grid) {
+  if (a.grid && !a.matrix) {
     autograd::NoGradGuard no_grad;
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();
     for (int64_t depth : a.depth)
-      for (int64_t b : a.batch) {
-        rows.push_back({{"test", "pp" + std::to_string(a.pp)}, {"batch", b}, {"depth", depth},
-                        {"tok_s", prefill_rate(d, b, a.pp, depth, model::Logits::Last, a.seconds, gen).wall}});
-        rows.push_back({{"test", "tg" + std::to_string(a.tg)}, {"batch", b}, {"depth", depth},
-                        {"tok_s", decode_rate(d, b, a.tg, depth, a.seconds, gen).wall}});
-      }
+      for (int64_t b : a.batch)
+        for (size_t i = 0; i < std::max(a.pp.size(), a.tg.size()); ++i) {
+          if (i < a.pp.size())
+            rows.push_back({{"test", "pp" + std::to_string(a.pp[i])}, {"batch", b}, {"depth", depth},
+                            {"tok_s", prefill_rate(d, b, a.pp[i], depth, model::Logits::Last, a.seconds, gen).wall}});
+          if (i < a.tg.size())
+            rows.push_back({{"test", "tg" + std::to_string(a.tg[i])}, {"batch", b}, {"depth", depth},
+                            {"tok_s", decode_rate(d, b, a.tg[i], depth, a.seconds, gen).wall}});
+        }
     r["grid"] = rows;
   }
+  if (a.matrix) add_matrix(d, a, r);
   if (a.json) {
     std::cout << r.dump() << "\n";
     return;
@@ -245,7 +314,9 @@ void run(const BenchModelArgs& a) {
               static_cast<long long>(config.num_parameters(true)), model::precision_name(precision),
               isa_name(active_isa()), a.threads);
   if (bf16_trained) std::printf("training products in bf16 on the %s kernel\n", bf16_kernel.c_str());
-  std::printf("| measurement | shape | tok/s |\n|---|---|---:|\n");
+  bool any_figure = false;
+  for (const char* f : {"scored", "generated", "decode_b1", "train", "train_sampled"}) any_figure |= a.wants(f);
+  if (any_figure) std::printf("| measurement | shape | tok/s |\n|---|---|---:|\n");
   if (a.wants("scored"))
     std::printf("| scored (prefill, no LM head) | %lld x %lld | %.0f |\n", static_cast<long long>(a.score_batch),
                 static_cast<long long>(a.score_seq), scored.wall);
@@ -261,7 +332,8 @@ void run(const BenchModelArgs& a) {
     std::printf("| train (AdamW, sampled softmax, %lld negatives) | %lld x %lld | %.0f |\n",
                 static_cast<long long>(train::TrainOptions{}.sampled_negatives), static_cast<long long>(a.train_batch),
                 static_cast<long long>(a.train_seq), trained_sampled);
-  if (a.grid) {
+  if (a.matrix) print_matrix(r);
+  if (a.grid && !a.matrix) {
     std::printf("\n| test | batch | depth | tok/s |\n|---|---:|---:|---:|\n");
     for (const auto& row : r["grid"])
       std::printf("| %s | %lld | %lld | %.0f |\n", row["test"].get<std::string>().c_str(),
@@ -296,13 +368,28 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_flag("--pin-threads", a->pin_threads,
               "pin the calling thread and each worker to its own CPU of the allowed set (also CORELM_PIN_THREADS=1)");
   c->add_flag("--grid", a->grid, "also run the pp/tg grid (implied by --pp, --tg, --batch, --depth)");
-  CLI::Option* pp = c->add_option("--pp", a->pp, "grid: prompt tokens per row (prefill, last-token logits)")->capture_default_str();
-  CLI::Option* tg = c->add_option("--tg", a->tg, "grid: generated tokens per row (decode, full LM head)")->capture_default_str();
+  CLI::Option* pp = c->add_option("--pp", a->pp, "grid/matrix: prompt tokens per row (prefill, last-token logits), "
+                                  "e.g. 512,4096")->delimiter(',')->capture_default_str();
+  CLI::Option* tg = c->add_option("--tg", a->tg, "grid/matrix: generated tokens per row (decode, full LM head)")
+                        ->delimiter(',')->capture_default_str();
   CLI::Option* batch = c->add_option("--batch", a->batch, "grid: batch sizes, e.g. 1,16,32")->delimiter(',');
   CLI::Option* depth = c->add_option("--depth", a->depth, "grid: context depths, e.g. 0,256")->delimiter(',');
+  CLI::Option* reps = c->add_option("--repetitions,-r", a->repetitions,
+                                    "matrix: timed runs per test (llama-bench tests pp/tg @ depth, batch 1)")
+                          ->capture_default_str();
+  CLI::Option* ctk = c->add_option("--cache-type-k", a->cache_type_k, "matrix: KV cache type of the keys (f32, bf16, "
+                                   "f16, q8_0, q4_0, turbo4, turbo3)")->capture_default_str();
+  CLI::Option* ctv = c->add_option("--cache-type-v", a->cache_type_v, "matrix: KV cache type of the values")
+                         ->capture_default_str();
+  CLI::Option* budget = c->add_option("--kv-budget", a->kv_budget,
+                                      "matrix: report the largest context whose KV cache fits in BYTES");
+  c->add_flag("--matrix", a->matrix, "run the llama-bench matrix (implied by --repetitions, --cache-type-*, --kv-budget)");
   c->add_flag("--json", a->json, "print one JSON object");
-  c->callback([a, pp, tg, batch, depth] {
+  c->callback([a, pp, tg, batch, depth, reps, ctk, ctv, budget] {
+    if (reps->count() || ctk->count() || ctv->count() || budget->count()) a->matrix = true;
     if (pp->count() || tg->count() || batch->count() || depth->count()) a->grid = true;
+    // The matrix replaces the headline figures unless --only names some.
+    if (a->matrix && a->only.empty()) a->no_headline = true;
     run(*a);
   });
 });

@@ -4,19 +4,26 @@
 # The source is the llama.cpp that llama-cpp-python==0.3.2 vendors: the same version the oracle
 # tests already use (tests/requirements.txt), so both compare against one llama.cpp.
 #   bench/build_llama_cpp.sh [build-root]     (default build/) -> <build-root>/llama.cpp/bin/
+# Overrides from the environment:
+#   LLAMA_CPP_VERSION=0.3.36   another llama-cpp-python sdist (a current llama.cpp, e.g. for the
+#                              perplexity comparison); its build lands in <build-root>/llama.cpp-<version>/
+#                              so it never replaces the pinned peer's binaries.
+#   LLAMA_CPP_TOOLS="llama-perplexity"   which tools to build (default: the three above).
 # Idempotent: the sdist download, the unpack and the cmake build each run only when their output
 # is missing. Only `scripts/setup --bench` / `make bench` call it; the product and its tests never do.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 root="$(realpath -m "${1:-$here/build}")"
-version=0.3.2
+default_version=0.3.2
+version="${LLAMA_CPP_VERSION:-$default_version}"
 src_root="$root/llama.cpp-src"
 build="$root/llama.cpp"
+[[ $version == "$default_version" ]] || build="$root/llama.cpp-$version"
 bin="$build/bin"
 python="$here/.venv/bin/python"
 [[ -x $python ]] || python=python3
 
-tools=(llama-bench llama-batched-bench llama-server)
+read -r -a tools <<< "${LLAMA_CPP_TOOLS:-llama-bench llama-batched-bench llama-server}"
 missing=()
 for tool in "${tools[@]}"; do [[ -x $bin/$tool ]] || missing+=("$tool"); done
 if (( ${#missing[@]} == 0 )); then

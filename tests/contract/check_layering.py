@@ -21,13 +21,14 @@ import sys
 
 # Who owns each public header: the component whose sources define what it declares.
 HEADER_OWNER = {
-    "autocast.h": "ops", "autograd.h": "autograd", "c_api.h": "capi", "chat_template.h": "infer",
+    "autocast.h": "ops", "autograd.h": "autograd", "bench_matrix.h": "infer", "c_api.h": "capi",
+    "chat_template.h": "infer",
     "constraint.h": "infer", "corpus_build.h": "pipeline", "device.h": "core", "dtype.h": "core",
     "durable.h": "core", "error.h": "core", "eval_task.h": "pipeline", "finite.h": "core",
     "generate.h": "infer", "gguf.h": "io", "isa.h": "kernels", "kv_cache_type.h": "model",
     "llama2c.h": "io", "model.h": "model", "model_dir.h": "model", "model_loader.h": "model",
     "mpi.h": "dist", "ops.h": "ops", "optim.h": "train", "out_of_memory.h": "core",
-    "pipeline.h": "pipeline", "queue.h": "queue", "random.h": "core", "safetensors.h": "io",
+    "perplexity.h": "pipeline", "pipeline.h": "pipeline", "queue.h": "queue", "random.h": "core", "safetensors.h": "io",
     "scheduler.h": "infer", "serve.h": "serve", "storage.h": "core", "tensor.h": "core",
     "thread_pool.h": "core", "token_ids.h": "tokenizer", "tokenizer.h": "tokenizer",
     "tokenizer_corpus.h": "tokenizer", "tokenizer_train.h": "tokenizer", "train.h": "train",

@@ -50,6 +50,70 @@ TEST_F(BenchCli, ModelOnlyMeasuresTheNamedFigures) {
   EXPECT_NE(out.find("--only"), std::string::npos) << out;
 }
 
+// The llama-bench matrix: test names and fields as llama-bench spells them, one sample per
+// repetition, the KV memory of each test computed from the config (f32 keys and values), the
+// largest context a budget holds; the legacy grid is unchanged when no matrix flag is given.
+TEST_F(BenchCli, ModelMatrixNamesTestsLikeLlamaBenchAndReportsKvMemory) {
+  std::string out;
+  ASSERT_EQ(run({"bench", "model", "--preset", "tiny", "--pp", "16,32", "--tg", "4", "--depth", "0,48",
+                 "--repetitions", "2", "--kv-budget", "1000000", "--json"},
+                out),
+            0)
+      << out;
+  const auto j = nlohmann::json::parse(out);
+  const auto& c = j.at("config");
+  const int64_t per_token = 2 * c.at("num_hidden_layers").get<int64_t>() * c.at("num_key_value_heads").get<int64_t>() *
+                            c.at("head_dim").get<int64_t>() * 4;
+  EXPECT_EQ(j.at("type_k"), "f32");
+  EXPECT_EQ(j.at("type_v"), "f32");
+  EXPECT_TRUE(j.at("scored_tok_s").is_null());  // the matrix replaces the headline figures
+  EXPECT_FALSE(j.contains("grid"));
+  const auto& tests = j.at("tests");
+  std::vector<std::string> names;
+  for (const auto& t : tests) names.push_back(t.at("test"));
+  EXPECT_EQ(names, (std::vector<std::string>{"pp16", "pp32", "tg4", "pp16 @ d48", "pp32 @ d48", "tg4 @ d48"}));
+  for (const auto& t : tests) {
+    const int64_t n = t.at("n_prompt").get<int64_t>() + t.at("n_gen").get<int64_t>();
+    EXPECT_TRUE(t.at("n_prompt").get<int64_t>() == 0 || t.at("n_gen").get<int64_t>() == 0) << t;
+    EXPECT_EQ(t.at("samples_ts").size(), 2u) << t;
+    double mean = 0;
+    for (const auto& v : t.at("samples_ts")) mean += v.get<double>() / 2;
+    EXPECT_NEAR(t.at("avg_ts").get<double>(), mean, 1e-9 * mean) << t;
+    EXPECT_GT(t.at("avg_ts").get<double>(), 0.0);
+    EXPECT_GE(t.at("stddev_ts").get<double>(), 0.0);
+    EXPECT_EQ(t.at("type_k"), "f32");
+    EXPECT_EQ(t.at("kv_bytes").get<int64_t>(), per_token * (t.at("n_depth").get<int64_t>() + n)) << t;
+  }
+  ASSERT_EQ(j.at("kv_memory").size(), 2u);
+  EXPECT_EQ(j.at("kv_memory")[1].at("n_depth"), 48);
+  EXPECT_EQ(j.at("kv_memory")[1].at("bytes").get<int64_t>(), 48 * per_token);
+  EXPECT_EQ(j.at("kv_budget").at("max_context").get<int64_t>(), 1000000 / per_token);
+  EXPECT_DOUBLE_EQ(j.at("kv_budget").at("bytes_per_token").get<double>(), double(per_token));
+
+  // Depths beyond the preset's context: the random model's context grows to the deepest test.
+  ASSERT_EQ(run({"bench", "model", "--preset", "tiny", "--pp", "8", "--tg", "0", "--depth", "600", "--repetitions",
+                 "1", "--json"},
+                out),
+            0)
+      << out;
+  EXPECT_EQ(nlohmann::json::parse(out).at("tests")[0].at("test"), "pp8 @ d600");
+
+  // No matrix flag: the grid as before.
+  ASSERT_EQ(run({"bench", "model", "--preset", "tiny", "--only", "decode_b1", "--seconds", "0.01", "--pp", "8", "--tg",
+                 "2", "--batch", "1", "--json"},
+                out),
+            0)
+      << out;
+  const auto g = nlohmann::json::parse(out);
+  EXPECT_FALSE(g.contains("tests"));
+  ASSERT_EQ(g.at("grid").size(), 2u);
+  EXPECT_EQ(g.at("grid")[0].at("test"), "pp8");
+  EXPECT_EQ(g.at("grid")[1].at("test"), "tg2");
+
+  EXPECT_NE(run({"bench", "model", "--preset", "tiny", "--pp", "8", "--tg", "0", "--cache-type-k", "fp9"}, out), 0);
+  EXPECT_NE(out.find("fp9"), std::string::npos) << out;
+}
+
 TEST_F(BenchCli, GemmReportsEveryKernelAndPeak) {
   std::string out;
   ASSERT_EQ(run({"bench", "gemm", "--shapes", "8,64,96", "--seconds", "0.02", "--json"}, out), 0) << out;
