@@ -187,11 +187,11 @@ INSTANTIATE_TEST_SUITE_P(EveryIsa, LinearQ4,
                                             ::testing::Values(Q4Format::Symmetric, Q4Format::WithMin)),
                          param_name);
 
-class LinearQ4Kernel : public ::testing::TestWithParam<std::tuple<Isa, Q4Format>> {};
-
-TEST_P(LinearQ4Kernel, MatchesReferenceBitwise) {
-  const auto [kernel, format] = GetParam();
-  if (static_cast<int>(detected_isa()) < static_cast<int>(kernel)) GTEST_SKIP() << "this CPU lacks " << isa_name(kernel);
+// `run(X, m, packed, Y)` against the reference over shapes straddling every tile and panel edge,
+// then at the extremes: every code 15 (or 0) against activations at +-127, the largest block sums a
+// kernel forms (16 products of 15 * 127 in one s16 lane of the AVX2 kernel: 30,480 < 32,767).
+template <class Run>
+void expect_bitwise_reference(Q4Format format, Isa pack_for, Run&& run) {
   const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 16, 41};
   uint64_t seed = 100;
   for (int64_t n : {1, 7, 15, 16, 17, 64, 65, 200, 513})
@@ -201,28 +201,46 @@ TEST_P(LinearQ4Kernel, MatchesReferenceBitwise) {
       const auto bias = random_floats(n, seed + 2);
       const float* b = seed % 2 ? bias.data() : nullptr;
       const auto ref = pack_linear_q4(W.data(), n, k, k, b, format, Isa::Reference);
-      const auto fast = pack_linear_q4(W.data(), n, k, k, b, format, kernel);
-      ASSERT_EQ(fast.isa, kernel);
+      const auto fast = pack_linear_q4(W.data(), n, k, k, b, format, pack_for);
+      ASSERT_EQ(fast.isa, pack_for);
       ASSERT_EQ(ref.codes, fast.codes);  // one layout for every kernel
       std::vector<float> want(m * n), got(m * n);
       linear_q4(X.data(), m, k, ref, want.data(), n);
-      linear_q4(X.data(), m, k, fast, got.data(), n);
+      run(X.data(), m, fast, got.data());
       ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << "m=" << m << " n=" << n << " k=" << k;
       ++seed;
     }
-  // Extremes: every code 15 (or 0) against activations at +-127, the largest block sums a kernel
-  // forms (16 products of 15 * 127 in one s16 lane of the AVX2 kernel: 30,480, just below 32,767).
   const int64_t m = 5, n = 40, k = 96;
   std::vector<float> W(n * k), X(m * k);
   for (size_t i = 0; i < W.size(); ++i) W[i] = (i * 7919 % 3) ? 1.0f : -1.0f;
   for (size_t i = 0; i < X.size(); ++i) X[i] = (i * 104729 % 5) < 2 ? -2.0f : 2.0f;
-  for (int64_t t = 0; t < k; ++t) W[t] = t % 32 == 0 ? -1.0f : 1.0f, X[t] = 2.0f;  // row 0 x column 0: all +1
+  for (int64_t t = 0; t < k; ++t) W[t] = t % 32 == 0 ? -1.0f : 1.0f, X[t] = 2.0f;  // row 0 x column 0
   const auto ref = pack_linear_q4(W.data(), n, k, k, nullptr, format, Isa::Reference);
-  const auto fast = pack_linear_q4(W.data(), n, k, k, nullptr, format, kernel);
+  const auto fast = pack_linear_q4(W.data(), n, k, k, nullptr, format, pack_for);
   std::vector<float> want(m * n), got(m * n);
   linear_q4(X.data(), m, k, ref, want.data(), n);
-  linear_q4(X.data(), m, k, fast, got.data(), n);
+  run(X.data(), m, fast, got.data());
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << "extreme values";
+}
+
+class LinearQ4Kernel : public ::testing::TestWithParam<std::tuple<Isa, Q4Format>> {};
+
+TEST_P(LinearQ4Kernel, MatchesReferenceBitwise) {
+  const auto [kernel, format] = GetParam();
+  if (static_cast<int>(detected_isa()) < static_cast<int>(kernel)) GTEST_SKIP() << "this CPU lacks " << isa_name(kernel);
+  expect_bitwise_reference(format, kernel, [](const float* X, int64_t m, const PackedLinearQ4& W, float* Y) {
+    linear_q4(X, m, W.k, W, Y, W.n);
+  });
+}
+
+// The VNNI kernel's loops and tile shapes on emulated 16-lane vectors: runs on every machine.
+TEST(LinearQ4VnniEmulation, MatchesReferenceBitwise) {
+  for (Q4Format format : {Q4Format::Symmetric, Q4Format::WithMin}) {
+    expect_bitwise_reference(format, Isa::Reference, [](const float* X, int64_t m, const PackedLinearQ4& W, float* Y) {
+      kernels::linear_q4_vnni_emulation(X, m, W.k, W, Y, W.n);
+    });
+    if (HasFatalFailure()) return;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(FastKernels, LinearQ4Kernel,

@@ -103,5 +103,13 @@ void linear_q4_block(const LinearQ4Args& a, int64_t m0, int64_t m1, int64_t p0, 
 namespace avx2 {
 void linear_q4_block(const LinearQ4Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
 }
+// The VNNI kernel's loops and tile shapes on 16-lane vectors written out in C++ (vpdpbusd as the
+// Intel SDM's Operation section describes it), so machines without AVX-512 test that code too.
+namespace vnni_emulated {
+void linear_q4_block(const LinearQ4Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+}
+// linear_q4 through vnni_emulated (any packing: the layout is shared); tests only.
+void linear_q4_vnni_emulation(const float* X, int64_t m, int64_t ldx, const PackedLinearQ4& W, float* Y,
+                              int64_t ldy);
 
 }  // namespace corelm::kernels

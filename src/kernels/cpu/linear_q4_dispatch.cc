@@ -164,4 +164,11 @@ void linear_q4(const float* X, int64_t m, int64_t ldx, const PackedLinearQ4& W, 
   reference::linear_q4(X, m, ldx, W, Y, ldy);
 }
 
+void linear_q4_vnni_emulation(const float* X, int64_t m, int64_t ldx, const PackedLinearQ4& W, float* Y,
+                              int64_t ldy) {
+  CORELM_CHECK(m >= 0 && ldx >= W.k && ldy >= W.n, ValueError, "linear_q4_vnni_emulation: bad m/ldx/ldy");
+  check_packing(W);
+  if (m > 0) run_packed(X, m, ldx, W, Y, ldy, vnni_emulated::linear_q4_block);
+}
+
 }  // namespace corelm::kernels

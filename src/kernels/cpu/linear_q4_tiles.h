@@ -123,5 +123,15 @@ void q4_block(const LinearQ4Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t
   }
 }
 
+// The AVX-512 VNNI kernel's tile shapes (1-2 rows x 4 panels for decode, 3-4 rows x 2 panels
+// otherwise), shared with its emulation on machines without AVX-512 (linear_q4_emulation.cc).
+template <class V>
+void q4_block_vnni_shapes(const LinearQ4Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  if (a.min)
+    q4_block<V, 4, 2, 2, 4, true>(a, m0, m1, p0, p1);
+  else
+    q4_block<V, 4, 2, 2, 4, false>(a, m0, m1, p0, p1);
+}
+
 }  // namespace
 }  // namespace corelm::kernels

@@ -42,10 +42,7 @@ struct ZmmVnni {
 }  // namespace
 
 void linear_q4_block(const LinearQ4Args& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  if (a.min)
-    q4_block<ZmmVnni, 4, 2, 2, 4, true>(a, m0, m1, p0, p1);
-  else
-    q4_block<ZmmVnni, 4, 2, 2, 4, false>(a, m0, m1, p0, p1);
+  q4_block_vnni_shapes<ZmmVnni>(a, m0, m1, p0, p1);
 }
 
 }  // namespace corelm::kernels::avx512_bf16
