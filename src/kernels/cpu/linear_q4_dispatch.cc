@@ -97,9 +97,9 @@ const char* q4_format_name(Q4Format f) { return f == Q4Format::WithMin ? "min" :
 Q4Format preferred_q4_format() {
   static const Q4Format format = [] {
     const char* env = std::getenv("CORELM_Q4_FORMAT");
-    if (!env || !*env || std::string(env) == "sym") return Q4Format::Symmetric;
-    CORELM_CHECK(std::string(env) == "min", ValueError, "CORELM_Q4_FORMAT='", env, "': expected sym or min");
-    return Q4Format::WithMin;
+    if (!env || !*env || std::string(env) == "min") return Q4Format::WithMin;
+    CORELM_CHECK(std::string(env) == "sym", ValueError, "CORELM_Q4_FORMAT='", env, "': expected min or sym");
+    return Q4Format::Symmetric;
   }();
   return format;
 }
