@@ -52,7 +52,7 @@ PackedLinearQ4 pack_linear_q4(const float* W, int64_t n, int64_t k, int64_t ldw,
 
 // The format the inference path packs: WithMin unless $CORELM_Q4_FORMAT=sym (read once; any other
 // value is a ValueError naming the accepted ones). WithMin measured better on stories260K
-// (docs/KERNELS.md): +7.6% perplexity vs f32 against Symmetric's +9.4%, for 5.0 instead of 4.5 bits
+// (docs/KERNELS.md): +7.7% perplexity vs f32 against Symmetric's +9.2%, for 5.0 instead of 4.5 bits
 // a weight.
 Q4Format preferred_q4_format();
 
