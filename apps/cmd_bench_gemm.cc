@@ -1,4 +1,4 @@
-// corelm bench gemm: GFLOP/s of gemm_f32, the packed bf16 linear and the int8 linear (GOP/s) at
+// corelm bench gemm: GFLOP/s of gemm_f32, the packed bf16 linear and the int8 and q4 linears (GOP/s) at
 // fixed and model shapes, plus the three training products (X.W^T, dX = dY.W, dW = dY^T.X) in
 // gemm_f32 and gemm_bf16, against the core's measured peaks (built-in FMA / vdpbf16ps / vpdpbusd
 // probes) and, when the optional bench/onednn_gemm executable was built next to this binary,
@@ -24,6 +24,7 @@
 // The kernel API is internal (src/); apps/ has no src/ include path, hence the relative path.
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/linear_int8.h"
+#include "kernels/cpu/linear_q4.h"
 
 namespace corelm::cli {
 namespace {
@@ -152,6 +153,8 @@ void run(const GemmBenchArgs& a) {
   const double linear_floor = seconds_per_call(0.1, cpu_clock, [&] { kernels::linear_bf16(&one, 1, 1, tiny_w, &out, 1); });
   const auto tiny_i8 = kernels::pack_linear_int8(&one, 1, 1, 1, nullptr);
   const double int8_floor = seconds_per_call(0.1, cpu_clock, [&] { kernels::linear_int8(&one, 1, 1, tiny_i8, &out, 1); });
+  const auto tiny_q4 = kernels::pack_linear_q4(&one, 1, 1, 1, nullptr, kernels::preferred_q4_format());
+  const double q4_floor = seconds_per_call(0.1, cpu_clock, [&] { kernels::linear_q4(&one, 1, 1, tiny_q4, &out, 1); });
 
   nlohmann::ordered_json results = nlohmann::json::array();
   for (const auto& s : shapes) {
@@ -168,6 +171,10 @@ void run(const GemmBenchArgs& a) {
     const auto packed_i8 = kernels::pack_linear_int8(W.data(), s.N, s.K, s.K, nullptr);
     const double t_int8 = seconds_per_call(a.seconds, cpu_clock, [&] {
       kernels::linear_int8(X.data(), s.M, s.K, packed_i8, Y.data(), s.N);
+    });
+    const auto packed_q4 = kernels::pack_linear_q4(W.data(), s.N, s.K, s.K, nullptr, kernels::preferred_q4_format());
+    const double t_q4 = seconds_per_call(a.seconds, cpu_clock, [&] {
+      kernels::linear_q4(X.data(), s.M, s.K, packed_q4, Y.data(), s.N);
     });
     // The two backward products of training (dX = dY.W, dW = dY^T.X) and all three in gemm_bf16.
     const auto G = filled(s.M * s.N, 0.1f);
@@ -195,6 +202,7 @@ void run(const GemmBenchArgs& a) {
                                  : packed.isa == Isa::Avx512Bf16 && bf16_peak > 0 ? bf16_peak
                                                                                   : fp32_peak;
     const double int8_ref_peak = packed_i8.isa == Isa::Amx ? amx_int8_peak : int8_peak;
+    const double g_q4 = flops / t_q4 * 1e-9;  // q4 runs on vpdpbusd (VNNI) too: the same peak
     results.push_back({{"name", s.name},
                        {"M", s.M},
                        {"K", s.K},
@@ -218,7 +226,13 @@ void run(const GemmBenchArgs& a) {
                        {"linear_int8_gops", g_int8},
                        {"linear_int8_pct_peak", int8_ref_peak > 0 ? 100 * g_int8 / int8_ref_peak : 0.0},
                        {"linear_int8_us", t_int8 * 1e6},
-                       {"weight_bytes_int8", static_cast<int64_t>(packed_i8.bytes())}});
+                       {"weight_bytes_int8", static_cast<int64_t>(packed_i8.bytes())},
+                       {"linear_q4_isa", isa_name(packed_q4.isa)},
+                       {"linear_q4_format", kernels::q4_format_name(packed_q4.format)},
+                       {"linear_q4_gops", g_q4},
+                       {"linear_q4_pct_peak", packed_q4.isa == Isa::Avx512Bf16 ? pct(g_q4, int8_peak) : 0.0},
+                       {"linear_q4_us", t_q4 * 1e6},
+                       {"weight_bytes_q4", static_cast<int64_t>(packed_q4.bytes())}});
   }
   const nlohmann::json onednn = run_onednn(shapes, a.seconds);
   if (onednn.is_object() && onednn.contains("results"))
@@ -239,7 +253,7 @@ void run(const GemmBenchArgs& a) {
                            {"peak_amx_int8_gops", amx_int8_peak},
                            {"call_floor_ns",
                             {{"gemm_f32", gemm_floor * 1e9}, {"linear_bf16", linear_floor * 1e9},
-                             {"linear_int8", int8_floor * 1e9}}},
+                             {"linear_int8", int8_floor * 1e9}, {"linear_q4", q4_floor * 1e9}}},
                            {"onednn", onednn.is_null() ? nlohmann::json("not built (bench/onednn_gemm)")
                                                        : onednn.value("version", nlohmann::json("error"))},
                            {"results", results}};
@@ -251,19 +265,20 @@ void run(const GemmBenchArgs& a) {
               "GOP/s\n", isa_name(active_isa()), a.threads, fp32_peak, bf16_peak, int8_peak);
   if (amx_bf16_peak > 0)
     std::printf("AMX tile peaks: tdpbf16ps %.1f GFLOP/s, tdpbusd %.1f GOP/s\n", amx_bf16_peak, amx_int8_peak);
-  std::printf("per-call floor: gemm_f32 %.0f ns, linear_bf16 %.0f ns, linear_int8 %.0f ns\n", gemm_floor * 1e9,
-              linear_floor * 1e9, int8_floor * 1e9);
+  std::printf("per-call floor: gemm_f32 %.0f ns, linear_bf16 %.0f ns, linear_int8 %.0f ns, linear_q4 %.0f ns\n",
+              gemm_floor * 1e9, linear_floor * 1e9, int8_floor * 1e9, q4_floor * 1e9);
   const bool dnn = results.size() && results[0].contains("onednn_bf16_gflops");
   std::printf("\n| shape | M | K | N | f32 GFLOP/s | %% fp32 peak | bf16 GFLOP/s | %% bf16 peak | int8 GOP/s | "
-              "%% int8 peak | train f32 X.W^T / dX / dW | train gemm_bf16 X.W^T / dX / dW |%s\n",
+              "%% int8 peak | q4 GOP/s | train f32 X.W^T / dX / dW | train gemm_bf16 X.W^T / dX / dW |%s\n",
               dnn ? " oneDNN f32 | oneDNN bf16 |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", dnn ? "---|---|" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", dnn ? "---|---|" : "");
   for (const auto& x : results) {
     std::printf("| %s | %lld | %lld | %lld | %.1f | %.0f%% | %.1f | %.0f%% |", x["name"].get<std::string>().c_str(),
                 static_cast<long long>(x["M"]), static_cast<long long>(x["K"]), static_cast<long long>(x["N"]),
                 x["gemm_f32_gflops"].get<double>(), x["gemm_f32_pct_peak"].get<double>(),
                 x["linear_bf16_gflops"].get<double>(), x["linear_bf16_pct_peak"].get<double>());
     std::printf(" %.1f | %.0f%% |", x["linear_int8_gops"].get<double>(), x["linear_int8_pct_peak"].get<double>());
+    std::printf(" %.1f |", x["linear_q4_gops"].get<double>());
     std::printf(" %.0f / %.0f / %.0f | %.0f / %.0f / %.0f |", x["gemm_f32_gflops"].get<double>(),
                 x["train_f32_dx_gflops"].get<double>(), x["train_f32_dw_gflops"].get<double>(),
                 x["gemm_bf16_gflops"].get<double>(), x["gemm_bf16_dx_gflops"].get<double>(),

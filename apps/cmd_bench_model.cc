@@ -350,7 +350,7 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--threads", a->threads, "compute threads")->capture_default_str();
   c->add_option("--precision", a->precision,
                 "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}))
+      ->check(CLI::IsMember(model::precision_names()))
       ->capture_default_str();
   c->add_option("--seconds", a->seconds, "minimum measuring time per figure")->capture_default_str();
   c->add_option("--seed", a->seed, "weight seed")->capture_default_str();

@@ -60,8 +60,8 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--seq", a->seq, "window length, 1 to the model context (default 0: the model context)");
   c->add_option("--batch", a->batch, "windows per forward")->capture_default_str();
   c->add_option("--precision", a->precision,
-                "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}))
+                "bf16 (fast path, default), int8 (int8 weights+activations), q4 (4-bit weights, int8 head) or f32 (reference)")
+      ->check(CLI::IsMember(model::precision_names()))
       ->capture_default_str();
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_flag("--json", a->json, "one JSON object on stdout");

@@ -116,7 +116,7 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--label-prefix", t.label_prefix, "each label is scored as the continuation PREFIX + label")
       ->capture_default_str();
   c->add_option("--out", o.out, "keep the run's output folder here (default: a temp folder, removed)");
-  c->add_option("--precision", o.precision, "bf16 (default), int8 or f32")->capture_default_str();
+  c->add_option("--precision", o.precision, "bf16 (default), int8, q4 or f32")->capture_default_str();
   c->add_option("--threads", o.threads, "threads")->capture_default_str();
   c->add_option("--batch", o.batch, "documents per forward")->capture_default_str();
   c->add_flag("--json", a->json, "print the metrics as one JSON line on stdout");

@@ -178,8 +178,8 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--truncate", args->truncate, "left: keep the last tokens of a prompt longer than the context "
                                               "(default: error)")->capture_default_str();
   c->add_option("--precision", args->precision,
-                "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}))
+                "bf16 (fast path, default), int8 (int8 weights+activations), q4 (4-bit weights, int8 head) or f32 (reference)")
+      ->check(CLI::IsMember(model::precision_names()))
       ->capture_default_str();
   c->add_option("--threads", args->threads, "compute threads, 1 to " + std::to_string(kMaxThreads))->capture_default_str();
   c->add_option("--batch-size", args->batch_size, "prompts of --prompt-file generated together")->capture_default_str();

@@ -127,7 +127,7 @@ void add_task(CLI::App& group, pipeline::TaskKind kind, const std::string& help)
   c->add_option("--shard", a->shard, "process shard i of N (chunks balanced by bytes)")->capture_default_str();
   c->add_flag("--mpi", o.mpi, "use MPI (implied when launched by mpirun): rank r takes shard r/N");
   c->add_option("--precision", o.precision,
-                "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
+                "bf16 (fast path, default), int8 (int8 weights+activations), q4 (4-bit weights, int8 head) or f32 (reference)")
       ->capture_default_str();
   c->add_option("--threads", o.threads, "threads")->capture_default_str();
   c->add_option("--batch", o.batch, "documents per forward")->capture_default_str();
@@ -180,7 +180,7 @@ void add_batch(CLI::App& group) {
   c->add_option("--shard", a->shard, "run block i of N of the input (one --out per shard; outputs concatenate in order)")
       ->capture_default_str();
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
-  c->add_option("--precision", a->precision, "bf16 (fast path, default), int8 or f32 (reference)")
+  c->add_option("--precision", a->precision, "bf16 (fast path, default), int8, q4 or f32 (reference)")
       ->capture_default_str();
   c->add_option("--max-tokens-limit", o.max_tokens_limit, "a body asking for more max_tokens fails (400)")
       ->capture_default_str();

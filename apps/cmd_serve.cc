@@ -130,8 +130,8 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--keep-alive-timeout", o.keep_alive_timeout_s, "seconds an idle keep-alive connection is kept")
       ->capture_default_str();
   c->add_option("--keep-alive-max", o.keep_alive_max, "requests per keep-alive connection")->capture_default_str();
-  c->add_option("--precision", args->precision, "bf16 (fast path, default), int8 or f32 (reference)")
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}))
+  c->add_option("--precision", args->precision, "bf16 (fast path, default), int8, q4 or f32 (reference)")
+      ->check(CLI::IsMember(model::precision_names()))
       ->capture_default_str();
   c->add_option("--state-dir", o.state_dir, "persistent queue folder (created if missing): enables /v1/generate, "
                                             "/v1/files and /v1/batches and the queue worker; servers may share one")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Perplexity of one model under each inference precision (f32 reference, bf16 and int8 fast paths)
-# on the same text, and the delta vs f32: the accuracy cost of --precision int8 (issue 5).
+# Perplexity of one model under each inference precision (f32 reference, bf16, int8 and q4 fast
+# paths) on the same text, and the delta vs f32: the accuracy cost of --precision int8 (issue 5)
+# and --precision q4 (issue 18).
 #
 #   bench/int8_accuracy.sh [CORELM] [MODEL] [TOKENIZER] [TEXT] [PARAGRAPHS]
 # Defaults: build/release/corelm (or $CORELM), the pretrained llama2.c stories260K + tok512 from
@@ -26,7 +27,7 @@ else
 fi
 tok_args=()
 [[ $model == *.bin ]] && tok_args=(--tokenizer "$tokenizer")
-for precision in f32 bf16 int8; do
+for precision in f32 bf16 int8 q4; do
   "$corelm" eval --model "$model" "${tok_args[@]}" --data "$work/text.txt" --precision "$precision" --threads 1 \
     --json >"$work/$precision.jsonl"
 done
@@ -34,7 +35,7 @@ python3 - "$work" "$model" "$paragraphs" <<'PY'
 import json, math, sys
 work, model, paragraphs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = {}
-for p in ("f32", "bf16", "int8"):
+for p in ("f32", "bf16", "int8", "q4"):
     parts = [json.loads(line) for line in open(f"{work}/{p}.jsonl") if line.strip()]
     tokens = sum(x["tokens"] for x in parts)
     loss = sum(x["mean_loss"] * x["tokens"] for x in parts) / tokens

@@ -117,9 +117,14 @@ class KVCache {
 // (per-output-row weight scales, per-row dynamic activation scales, int32 accumulation; see
 // kernels/cpu/linear_int8.h). Opt-in only: it changes outputs more than bf16 (docs/KERNELS.md
 // has the measured perplexity delta). Embeddings, norms, softmax and the KV cache stay fp32.
-enum class Precision { F32, BF16, Int8 };
-const char* precision_name(Precision p);          // "f32" | "bf16" | "int8"
+// Q4: the layers' linears in 4 bits (blocks of 32 weights with an fp16 scale and minimum,
+// activations int8 per block; kernels/cpu/linear_q4.h), the LM head in int8. Opt-in: the smallest weights (batch-1
+// decode streams a quarter of bf16's bytes) at a larger perplexity cost (docs/KERNELS.md).
+enum class Precision { F32, BF16, Int8, Q4 };
+const char* precision_name(Precision p);          // "f32" | "bf16" | "int8" | "q4"
 Precision parse_precision(const std::string& s);  // ValueError naming the accepted values
+// Every name parse_precision accepts, in enum order (for CLI validators).
+const std::vector<std::string>& precision_names();
 
 // Which logits forward_cached returns: All [B, T, V]; Last [B, 1, V] (the last position of each
 // row); None: no LM head, the final-normed hidden states [B, T, H] (apply logits_from_hidden to

@@ -112,6 +112,7 @@ const char* precision_name(Precision p) {
   switch (p) {
     case Precision::BF16: return "bf16";
     case Precision::Int8: return "int8";
+    case Precision::Q4: return "q4";
     case Precision::F32: break;
   }
   return "f32";
@@ -121,7 +122,13 @@ Precision parse_precision(const std::string& s) {
   if (s == "f32") return Precision::F32;
   if (s == "bf16") return Precision::BF16;
   if (s == "int8") return Precision::Int8;
-  throw ValueError("unknown precision '" + s + "' (use f32, bf16 or int8)");
+  if (s == "q4") return Precision::Q4;
+  throw ValueError("unknown precision '" + s + "' (use f32, bf16, int8 or q4)");
+}
+
+const std::vector<std::string>& precision_names() {
+  static const std::vector<std::string> names{"f32", "bf16", "int8", "q4"};
+  return names;
 }
 
 void Decoder::set_kv_cache_types(KVCacheTypes types) {

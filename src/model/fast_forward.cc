@@ -2,7 +2,7 @@
 // k/v written into the cache -> online-softmax attention against each row's cache -> o linear ->
 // residual -> RMSNorm -> one gate+up linear -> SwiGLU -> down -> residual. Buffers come from a
 // per-thread workspace that only grows, so steady-state decoding allocates nothing but the
-// returned tensor. Every step is row-local or reduces in a fixed order (and the bf16 and int8
+// returned tensor. Every step is row-local or reduces in a fixed order (and the bf16, int8 and q4
 // linears are batch invariant), so a row's outputs never depend on the rest of the batch or the
 // threads.
 #include "model/fast_forward.h"
@@ -36,8 +36,27 @@ std::vector<float> copy_of(const Decoder& d, const std::string& name, int64_t n)
   return std::vector<float>(p, p + n);
 }
 
+// W [n, k] contiguous packed for `precision` (BF16, Int8 or Q4; bias may be null).
+FastLinear pack_linear(const float* W, int64_t n, int64_t k, const float* bias, Precision precision) {
+  FastLinear out;
+  switch (precision) {
+    case Precision::Int8:
+      out.kind = FastLinear::Kind::Int8;
+      out.i8 = kernels::pack_linear_int8(W, n, k, k, bias);
+      break;
+    case Precision::Q4:
+      out.kind = FastLinear::Kind::Q4;
+      out.q4 = kernels::pack_linear_q4(W, n, k, k, bias, kernels::preferred_q4_format());
+      break;
+    default:
+      out.kind = FastLinear::Kind::BF16;
+      out.bf16 = kernels::pack_linear_bf16(W, n, k, k, bias, kernels::preferred_linear_bf16_kernel());
+  }
+  return out;
+}
+
 // Packs the row-concatenation of several [rows_i, k] weights (and their biases, if any) as one linear.
-// Int8 scales are per output row, so fusing rows changes no scale.
+// Int8 scales are per output row and q4 scales per 32 inputs of one row, so fusing rows changes no scale.
 FastLinear pack_rows(const Decoder& d, const std::vector<std::string>& names, int64_t k, Precision precision) {
   std::vector<float> w, bias;
   bool any_bias = false;
@@ -54,35 +73,26 @@ FastLinear pack_rows(const Decoder& d, const std::vector<std::string>& names, in
     }
   }
   const int64_t n = static_cast<int64_t>(w.size()) / k;
-  FastLinear out;
-  out.int8 = precision == Precision::Int8;
-  if (out.int8)
-    out.i8 = kernels::pack_linear_int8(w.data(), n, k, k, any_bias ? bias.data() : nullptr);
-  else
-    out.bf16 = kernels::pack_linear_bf16(w.data(), n, k, k, any_bias ? bias.data() : nullptr,
-                                         kernels::preferred_linear_bf16_kernel());
-  return out;
+  return pack_linear(w.data(), n, k, any_bias ? bias.data() : nullptr, precision);
 }
 
-// The LM head (no bias) in blocks of kLmHeadBlock rows. Int8 scales are per output row and bf16
-// rounds each weight alone, so a block packs exactly the rows the whole matrix would.
+// The LM head (no bias) in blocks of kLmHeadBlock rows. Int8 and q4 scales are per output row (q4:
+// per 32 inputs of it) and bf16 rounds each weight alone, so a block packs exactly the rows the
+// whole matrix would.
 std::vector<FastLinear> pack_lm_head(const Decoder& d, const std::string& name, int64_t k, Precision precision) {
   const Tensor& t = tensor_of(d, name);
   const float* p = t.data<float>();
   const int64_t V = t.size(0);
   std::vector<FastLinear> blocks;
-  for (int64_t r0 = 0; r0 < V; r0 += kLmHeadBlock) {
-    const int64_t rows = std::min(kLmHeadBlock, V - r0);
-    FastLinear b;
-    b.int8 = precision == Precision::Int8;
-    if (b.int8)
-      b.i8 = kernels::pack_linear_int8(p + r0 * k, rows, k, k, nullptr);
-    else
-      b.bf16 = kernels::pack_linear_bf16(p + r0 * k, rows, k, k, nullptr, kernels::preferred_linear_bf16_kernel());
-    blocks.push_back(std::move(b));
-  }
+  for (int64_t r0 = 0; r0 < V; r0 += kLmHeadBlock)
+    blocks.push_back(pack_linear(p + r0 * k, std::min(kLmHeadBlock, V - r0), k, nullptr, precision));
   return blocks;
 }
+
+// Q4 keeps the LM head in int8: on stories260K (docs/KERNELS.md) a 4-bit head raised perplexity
+// from +7.6% to +9.8% over f32 (first 200 paragraphs), a fifth of the whole q4 cost for one linear
+// of many; the logits feed sampling directly, with no later layer to average the error out.
+Precision lm_head_precision(Precision p) { return p == Precision::Q4 ? Precision::Int8 : p; }
 
 // Reused buffers; sized up on demand, never shrunk.
 struct Workspace {
@@ -100,8 +110,8 @@ void add_inplace(float* x, const float* y, int64_t n) {
 }  // namespace
 
 FastWeights pack_fast_weights(const Decoder& d, Precision precision) {
-  CORELM_CHECK(precision == Precision::BF16 || precision == Precision::Int8, ValueError,
-               "pack_fast_weights: the fast path packs bf16 or int8, not ", precision_name(precision));
+  CORELM_CHECK(precision == Precision::BF16 || precision == Precision::Int8 || precision == Precision::Q4, ValueError,
+               "pack_fast_weights: the fast path packs bf16, int8 or q4, not ", precision_name(precision));
   const ModelConfig& c = d.config();
   const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim();
   FastWeights w;
@@ -117,7 +127,7 @@ FastWeights pack_fast_weights(const Decoder& d, Precision precision) {
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = copy_of(d, "model.norm.weight", H);
-  w.lm_head = pack_lm_head(d, d.lm_head_weight_name(), H, precision);
+  w.lm_head = pack_lm_head(d, d.lm_head_weight_name(), H, lm_head_precision(precision));
   w.embed = tensor_of(d, "model.embed_tokens.weight");
   // Caches may be longer than max_position_embeddings (the reference path allows it too): the
   // table grows with the positions used.

@@ -1,4 +1,4 @@
-// The fast inference path of Decoder::forward_cached: weights packed once (bf16 or int8, q/k/v
+// The fast inference path of Decoder::forward_cached: weights packed once (bf16, int8 or q4, q/k/v
 // and gate/up fused), then a forward over raw fp32 buffers in a reusable per-thread workspace with
 // the fused kernels of kernels/cpu/fused.h. Internal to the model component.
 #pragma once
@@ -11,22 +11,26 @@
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/linear_int8.h"
+#include "kernels/cpu/linear_q4.h"
 
 namespace corelm::model {
 
-// One packed linear: bf16 (Precision::BF16) or int8 (Precision::Int8); the other member is empty.
+// One packed linear in one of three packings; the other two members are empty.
 struct FastLinear {
-  bool int8 = false;
+  enum class Kind { BF16, Int8, Q4 };
+  Kind kind = Kind::BF16;
   kernels::PackedLinear bf16;
   kernels::PackedLinearI8 i8;
-  int64_t n() const { return int8 ? i8.n : bf16.n; }
-  int64_t k() const { return int8 ? i8.k : bf16.k; }
-  // Y[m, n] = X[m, k] W^T (+ bias) with the kernel of the packed precision.
+  kernels::PackedLinearQ4 q4;
+  int64_t n() const { return kind == Kind::Int8 ? i8.n : kind == Kind::Q4 ? q4.n : bf16.n; }
+  int64_t k() const { return kind == Kind::Int8 ? i8.k : kind == Kind::Q4 ? q4.k : bf16.k; }
+  // Y[m, n] = X[m, k] W^T (+ bias) with the kernel of the packing.
   void run(const float* X, int64_t m, int64_t ldx, float* Y, int64_t ldy) const {
-    if (int8)
-      kernels::linear_int8(X, m, ldx, i8, Y, ldy);
-    else
-      kernels::linear_bf16(X, m, ldx, bf16, Y, ldy);
+    switch (kind) {
+      case Kind::Int8: return kernels::linear_int8(X, m, ldx, i8, Y, ldy);
+      case Kind::Q4: return kernels::linear_q4(X, m, ldx, q4, Y, ldy);
+      case Kind::BF16: return kernels::linear_bf16(X, m, ldx, bf16, Y, ldy);
+    }
   }
 };
 
@@ -68,7 +72,8 @@ struct FastWeights {
   std::unique_ptr<RopeTables> rope;
 };
 
-// Packs for `precision` (BF16 or Int8; ValueError for F32, which has no fast path).
+// Packs for `precision` (BF16, Int8 or Q4; ValueError for F32, which has no fast path). Q4 packs
+// the layers' linears in 4 bits (kernels::preferred_q4_format()) and the LM head in int8.
 FastWeights pack_fast_weights(const Decoder& decoder, Precision precision = Precision::BF16);
 
 // Runs the forward for ids [B, T] (already validated by the caller) appended at `start[b]` of
