@@ -449,6 +449,9 @@ struct Queue::Impl {
   }
 
   void mark_done(RequestId id, const Result& result, double t);
+  std::vector<LeasedRequest> lease_locked(const std::string& worker_id, int64_t n, double t);
+  std::vector<RequestId> complete_locked(const std::string& worker_id,
+                                         const std::vector<std::pair<RequestId, Result>>& results, double t);
   FileInfo file_row(sqlite3_stmt* st) const;
   BatchInfo batch_row(sqlite3_stmt* st) const;
   BatchCounts batch_counts(const std::string& batch_id) const;
@@ -588,37 +591,84 @@ std::vector<RequestId> Queue::enqueue_many(const std::vector<NewRequest>& reques
   });
 }
 
-std::vector<LeasedRequest> Queue::lease(const std::string& worker_id, int64_t n) {
+// One statement for the whole lease (not a SELECT and an UPDATE per row): the rows are chosen,
+// marked and read back in one pass. RETURNING gives the updated attempts and no order, hence the
+// sort.
+std::vector<LeasedRequest> Queue::Impl::lease_locked(const std::string& worker_id, int64_t n, double t) {
+  reclaim_locked(t);
+  std::vector<LeasedRequest> out;
+  sqlite3_stmt* st = stmt(
+      "UPDATE requests SET state = 'running', attempts = attempts + 1, lease_expiry = ?, worker_id = ?, "
+      "worker_pid = ?, worker_host = ?, updated_at = ? "
+      "WHERE id IN (SELECT id FROM requests WHERE state = 'queued' ORDER BY id LIMIT ?) "
+      "RETURNING id, model, body, batch_id, custom_id, attempts, endpoint");
+  bind(st, 1, t + opt.lease_seconds);
+  bind(st, 2, worker_id);
+  bind(st, 3, static_cast<int64_t>(getpid()));
+  bind(st, 4, host);
+  bind(st, 5, t);
+  bind(st, 6, n);
+  out.reserve(static_cast<size_t>(std::min<int64_t>(n, 4096)));
+  while (step(st))
+    out.push_back({sqlite3_column_int64(st, 0), text(st, 1), text(st, 2), opt_text(st, 3), opt_text(st, 4),
+                   sqlite3_column_int64(st, 5), text(st, 6)});
+  sqlite3_reset(st);
+  std::sort(out.begin(), out.end(), [](const LeasedRequest& x, const LeasedRequest& y) { return x.id < y.id; });
+  return out;
+}
+
+// The holder check and the state change in one UPDATE (the common case: the lease is still
+// ours); only a row it does not change is looked at again, to tell a lost lease (skipped and
+// returned) from an unknown id (IndexError, as complete()).
+std::vector<RequestId> Queue::Impl::complete_locked(const std::string& worker_id,
+                                                    const std::vector<std::pair<RequestId, Result>>& results, double t) {
+  std::vector<RequestId> refused;
+  for (const auto& [id, result] : results) {
+    sqlite3_stmt* st = stmt(
+        "UPDATE requests SET state = 'done', lease_expiry = NULL, updated_at = ? "
+        "WHERE id = ? AND state = 'running' AND worker_id = ?");
+    bind(st, 1, t);
+    bind(st, 2, id);
+    bind(st, 3, worker_id);
+    run(st);
+    if (sqlite3_changes(db) == 0) {
+      try {
+        check_holder(id, worker_id, "complete");
+      } catch (const LeaseLostError&) {
+        refused.push_back(id);
+        continue;
+      }
+      mark_done(id, result, t);  // not reached: a held lease matches the UPDATE above
+      continue;
+    }
+    insert_result(id, result, t);
+  }
+  return refused;
+}
+
+static void check_lease_args(const std::string& worker_id, int64_t n) {
   if (worker_id.empty()) throw ValueError("queue: lease: worker_id is empty");
   if (n < 1) throw ValueError("queue: lease: n must be >= 1, got " + std::to_string(n));
+}
+
+// A lease is committed without an fsync even under Sync::full: a lease lost to a power cut only
+// puts its rows back to queued (their holder is gone too), and the next synchronous commit (an
+// ack) fsyncs the WAL with the lease's frames before it. Acks keep their fsync, so a result is
+// still on disk when complete() returns; a worker pays one fsync per ack group, not two.
+std::vector<LeasedRequest> Queue::lease(const std::string& worker_id, int64_t n) {
+  check_lease_args(worker_id, n);
   std::lock_guard lk(impl_->mu);
   Impl& q = *impl_;
-  return q.write([&] {
-    double t = now_seconds();
-    q.reclaim_locked(t);
-    std::vector<LeasedRequest> out;
-    sqlite3_stmt* st = q.stmt(
-        "SELECT id, model, body, batch_id, custom_id, attempts, endpoint FROM requests WHERE state = 'queued' "
-        "ORDER BY id LIMIT ?");
-    q.bind(st, 1, n);
-    while (q.step(st))
-      out.push_back({sqlite3_column_int64(st, 0), Impl::text(st, 1), Impl::text(st, 2), Impl::opt_text(st, 3),
-                     Impl::opt_text(st, 4), sqlite3_column_int64(st, 5) + 1, Impl::text(st, 6)});
-    sqlite3_reset(st);
-    for (const LeasedRequest& r : out) {
-      sqlite3_stmt* u = q.stmt(
-          "UPDATE requests SET state = 'running', attempts = attempts + 1, lease_expiry = ?, worker_id = ?, "
-          "worker_pid = ?, worker_host = ?, updated_at = ? WHERE id = ?");
-      q.bind(u, 1, t + q.opt.lease_seconds);
-      q.bind(u, 2, worker_id);
-      q.bind(u, 3, static_cast<int64_t>(getpid()));
-      q.bind(u, 4, q.host);
-      q.bind(u, 5, t);
-      q.bind(u, 6, r.id);
-      q.run(u);
-    }
+  const bool relax = q.opt.sync == Sync::full;
+  if (relax) q.exec("PRAGMA synchronous = NORMAL");
+  try {
+    auto out = q.write([&] { return q.lease_locked(worker_id, n, now_seconds()); });
+    if (relax) q.exec("PRAGMA synchronous = FULL");
     return out;
-  });
+  } catch (...) {
+    if (relax) sqlite3_exec(q.db, "PRAGMA synchronous = FULL", nullptr, nullptr, nullptr);
+    throw;
+  }
 }
 
 void Queue::Impl::mark_done(RequestId id, const Result& result, double t) {
@@ -642,20 +692,7 @@ std::vector<RequestId> Queue::complete_many(const std::string& worker_id,
                                             const std::vector<std::pair<RequestId, Result>>& results) {
   std::lock_guard lk(impl_->mu);
   Impl& q = *impl_;
-  return q.write([&] {
-    double t = now_seconds();
-    std::vector<RequestId> refused;
-    for (const auto& [id, result] : results) {
-      try {
-        q.check_holder(id, worker_id, "complete");
-      } catch (const LeaseLostError&) {
-        refused.push_back(id);
-        continue;
-      }
-      q.mark_done(id, result, t);
-    }
-    return refused;
-  });
+  return q.write([&] { return q.complete_locked(worker_id, results, now_seconds()); });
 }
 
 RequestState Queue::fail(RequestId id, const std::string& worker_id, const std::string& error) {

@@ -442,13 +442,19 @@ std::string output_line(queue::RequestId id, const std::string& custom_id, const
   return line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
-// output.jsonl / errors.jsonl in input order. `row(i)`: line i's result and whether it is a
-// success.
+// Hands line i's result and whether it is a success to write_outputs, for i = 0, 1, ... in turn.
+using RowSink = std::function<void(size_t, const queue::Result&, bool)>;
+
+// output.jsonl / errors.jsonl in input order. `rows_in_order(sink)` calls sink once per line, in
+// order (a source that skipped or repeated a line would misalign the files: checked).
 void write_outputs(const std::vector<queue::NewRequest>& rows, queue::RequestId first,
-                   const std::function<std::pair<queue::Result, bool>(size_t)>& row, OfflineBatchSummary& sum) {
+                   const std::function<void(const RowSink&)>& rows_in_order, OfflineBatchSummary& sum) {
   AtomicWriter out(sum.output_path), err(sum.errors_path);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto [r, ok] = row(i);
+  size_t next = 0;
+  rows_in_order([&](size_t i, const queue::Result& r, bool ok) {
+    CORELM_CHECK(i == next && i < rows.size(), Error, "run batch: result of line ", i + 1, " out of order (expected line ",
+                 next + 1, ")");
+    ++next;
     const std::string text = output_line(first + static_cast<queue::RequestId>(i), rows[i].custom_id.value_or(""), r);
     if (ok) {
       out.write(text);
@@ -457,21 +463,43 @@ void write_outputs(const std::vector<queue::NewRequest>& rows, queue::RequestId 
       err.write(text);
       ++sum.failed;
     }
-  }
+  });
+  CORELM_CHECK(next == rows.size(), Error, "run batch: ", rows.size() - next, " lines without a result");
   out.commit();
   err.commit();
 }
 
-std::pair<queue::Result, bool> queue_row(const queue::Queue& q, const std::vector<queue::NewRequest>& rows,
-                                         queue::RequestId first, size_t i) {
+// The journal's finished rows in id order, streamed in pages (one query per page of rows, not
+// one lookup per row: on short requests the per-row lookups were a visible part of the queue's
+// cost). Row first + i must be line i of the input and have a result; the first row that is
+// missing from the finished ones is named with its state.
+void queue_rows(const queue::Queue& q, const std::vector<queue::NewRequest>& rows, queue::RequestId first,
+                const RowSink& sink) {
+  size_t i = 0;
+  auto mismatch = [&](queue::RequestId id) {
+    return FormatError("queue " + q.path() + ": row " + std::to_string(id) + " is not line " + std::to_string(i + 1) +
+                       " of the input (the journal does not match batch.json); use --overwrite to start over");
+  };
+  q.for_each_result(kBatchId, [&](const queue::BatchRow& b) {
+    const queue::RequestId id = first + static_cast<queue::RequestId>(i);
+    if (i >= rows.size() || b.id != id || b.custom_id != rows[i].custom_id.value_or("")) {
+      // A row of this line that is not finished comes later in id order than it should: name it.
+      if (i < rows.size() && b.id > id) return false;
+      throw mismatch(b.id);
+    }
+    CORELM_CHECK(b.result.has_value(), FormatError, "queue ", q.path(), ": row ", id, " is ", queue::to_string(b.state),
+                 " without a result");
+    sink(i, *b.result, b.state == queue::RequestState::done && b.result->status_code == 200);
+    ++i;
+    return true;
+  });
+  if (i == rows.size()) return;
   const queue::RequestId id = first + static_cast<queue::RequestId>(i);
   const auto info = q.get(id);
-  CORELM_CHECK(info && info->custom_id == rows[i].custom_id && info->batch_id == std::optional<std::string>(kBatchId),
-               FormatError, "queue ", q.path(), ": row ", id, " is not line ", i + 1,
-               " of the input (the journal does not match batch.json); use --overwrite to start over");
-  CORELM_CHECK(info->result.has_value(), FormatError, "queue ", q.path(), ": row ", id, " is ",
-               queue::to_string(info->state), " without a result");
-  return {*info->result, info->state == queue::RequestState::done && info->result->status_code == 200};
+  if (!info || info->custom_id != rows[i].custom_id || info->batch_id != std::optional<std::string>(kBatchId))
+    throw mismatch(id);
+  throw FormatError("queue " + q.path() + ": row " + std::to_string(id) + " is " + queue::to_string(info->state) +
+                    " without a result");
 }
 
 std::shared_ptr<LoadedModel> load(const OfflineBatchOptions& o) {
@@ -516,9 +544,11 @@ OfflineBatchSummary run_without_queue(const OfflineBatchOptions& o, Validated& v
   sum.errors_path = (fs::path(o.out) / "errors.jsonl").string();
   MemoryJournal journal(v.rows, o.max_attempts);
   run_rows(journal, o, nullptr, model_id, v.input_hash.substr(0, 12), 0, limits, 0, sum);
-  write_outputs(v.rows, 1, [&](size_t i) {
-    const auto& r = journal.result(i);
-    return std::make_pair(r.value_or(queue::Result{500, "", "not run"}), r && r->status_code == 200);
+  write_outputs(v.rows, 1, [&](const RowSink& sink) {
+    for (size_t i = 0; i < v.rows.size(); ++i) {
+      const auto& r = journal.result(i);
+      sink(i, r.value_or(queue::Result{500, "", "not run"}), r && r->status_code == 200);
+    }
   }, sum);
   return sum;
 }
@@ -616,7 +646,7 @@ OfflineBatchSummary run_offline_batch(const OfflineBatchOptions& o) {
     run_rows(journal, o, std::move(loaded), model_id, manifest.value("input_hash", std::string("0")).substr(0, 12),
              manifest.value("created", int64_t(0)), limits, done_before, sum);
   }
-  write_outputs(v.rows, first, [&](size_t i) { return queue_row(q, v.rows, first, i); }, sum);
+  write_outputs(v.rows, first, [&](const RowSink& sink) { queue_rows(q, v.rows, first, sink); }, sum);
   return sum;
 }
 

@@ -4,6 +4,9 @@
 #include "serve/queue_worker.h"
 
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -40,6 +43,19 @@ struct InFlight {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// Rows acked between two malloc_trim(0) calls during a long drain (issue 16): glibc keeps the
+// memory that a row's short-lived strings and JSON leave free inside its per-thread arenas
+// (16 on this 2-core guest), and returns it to the system only when the top of a heap is free.
+// malloc_trim also releases the free pages inside the heaps. The worker trims when it goes idle
+// (the rows are drained) and every kTrimEveryRows acks while it is busy; one call takes a few ms.
+constexpr uint64_t kTrimEveryRows = 50000;
+
+void release_free_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 std::string error_message(const json& body) {
   if (body.is_object() && body.contains("error") && body["error"].is_object() && body["error"].contains("message") &&
       body["error"]["message"].is_string())
@@ -64,6 +80,7 @@ struct QueueWorker::Impl {
   std::map<std::string, int64_t> per_model;        // in_flight rows per model
   std::vector<std::pair<queue::RequestId, queue::Result>> acks;
   bool ack_failing = false;
+  uint64_t acked_since_trim = 0;
 
   Impl(queue::Queue& queue, QueueWorkerOptions opts, QueueWorkerHooks h) : q(queue), o(std::move(opts)), hooks(std::move(h)) {
     if (o.worker_id.empty()) o.worker_id = default_worker_id();
@@ -97,6 +114,7 @@ struct QueueWorker::Impl {
     try {
       q.complete_many(o.worker_id, acks);  // rows whose lease was lost are skipped: dropped silently
       completed += acks.size();
+      acked_since_trim += acks.size();
       acks.clear();
       if (ack_failing) std::fprintf(stderr, "corelm: queue: results are stored again\n");
       ack_failing = false;
@@ -195,6 +213,10 @@ struct QueueWorker::Impl {
       if (!acks.empty() && (stop || now - last_flush >= ack_every || acks.size() >= 256)) {
         flush();
         last_flush = Clock::now();
+        if (acked_since_trim >= kTrimEveryRows) {
+          release_free_memory();
+          acked_since_trim = 0;
+        }
       }
       if (stop) {
         // finish(): the schedulers have drained; take what came in since the swap above, ack it,
@@ -235,6 +257,11 @@ struct QueueWorker::Impl {
           leased += rows.size();
           if (rows.empty()) {
             next_lease = now + std::chrono::duration_cast<Clock::duration>(poll);
+            // Idle (nothing left to run or to ack): give the drain's free memory back.
+            if (acked_since_trim > 0 && in_flight.empty() && waiting.empty() && acks.empty()) {
+              release_free_memory();
+              acked_since_trim = 0;
+            }
           } else {
             for (auto& r : rows) waiting.push_back(std::move(r));
             submit_waiting();

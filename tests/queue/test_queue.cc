@@ -708,3 +708,45 @@ TEST_F(QueueTest, DISABLED_Bench) {
                 static_cast<long long>(fs::file_size(p) + (fs::exists(p + "-wal") ? fs::file_size(p + "-wal") : 0)));
   }
 }
+
+// Micro-benchmark (not a test; issue 16): the CPU (user + sys) per row of the journal of
+// `corelm run batch`, without a model: enqueue_many of 5,000 rows, lease 16 + complete_many 16
+// with a 640-byte result until drained (Sync::full), then the results read back with get() per
+// row and with for_each_result pages. Run with --gtest_also_run_disabled_tests.
+TEST_F(QueueTest, DISABLED_BenchJournalPerRow) {
+  constexpr int N = 5000;
+  auto cpu = [] {
+    rusage r{};
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
+  };
+  Queue q = Queue::open(path_, QueueOptions{.sync = Sync::full, .dedup = false});
+  std::vector<NewRequest> rows;
+  for (int i = 0; i < N; ++i)
+    rows.push_back({"model", "{\"prompt\":\"n=" + std::to_string(i) + ":\",\"max_tokens\":8,\"temperature\":0}",
+                    std::string("run-batch"), "r" + std::to_string(i)});
+  const std::string result = "{\"t\":\"" + std::string(632, 'x') + "\"}";
+  const double c0 = cpu();
+  q.enqueue_many(rows);
+  const double c1 = cpu();
+  for (int done = 0; done < N;) {
+    auto l = q.lease("w", 16);
+    std::vector<std::pair<RequestId, Result>> rs;
+    for (const auto& r : l) rs.push_back({r.id, Result{200, result, ""}});
+    ASSERT_TRUE(q.complete_many("w", rs).empty());
+    done += static_cast<int>(l.size());
+  }
+  const double c2 = cpu();
+  size_t bytes = 0;
+  for (RequestId id = 1; id <= N; ++id) bytes += q.get(id)->result->body.size();
+  const double c3 = cpu();
+  q.for_each_result("run-batch", [&](const BatchRow& b) {
+    bytes += b.result->body.size();
+    return true;
+  });
+  const double c4 = cpu();
+  EXPECT_EQ(bytes, 2 * N * result.size());
+  std::printf("{\"bench\":\"journal_per_row\",\"n\":%d,\"enqueue_us\":%.1f,\"lease16_complete_us\":%.1f,"
+              "\"get_per_row_us\":%.1f,\"for_each_result_us\":%.1f}\n",
+              N, (c1 - c0) / N * 1e6, (c2 - c1) / N * 1e6, (c3 - c2) / N * 1e6, (c4 - c3) / N * 1e6);
+}
