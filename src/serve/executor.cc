@@ -449,7 +449,7 @@ ExecResult score(const LoadedModel& m, const ScoreRequest& r) {
   for (size_t i = 0; i < encoded.size(); ++i) {
     const std::vector<TokenId>& ids = encoded[i];
     const int64_t n = static_cast<int64_t>(ids.size());
-    model::KVCache cache(dec.config(), 1, n);
+    model::KVCache cache = dec.make_cache(1, n);
     double total = 0;
     for (int64_t begin = 0; begin + 1 < n; begin += kChunk) {
       const int64_t len = std::min(kChunk, n - 1 - begin);  // the last token predicts nothing
