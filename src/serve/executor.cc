@@ -19,6 +19,11 @@ std::shared_ptr<LoadedModel> load_model_for_serving(const std::string& path, con
   auto l = std::make_shared<LoadedModel>(model::load_model(path));
   CORELM_CHECK(l->ckpt.model.tokenizer != nullptr, ValueError, path, ": the model has no tokenizer");
   if (o.precision != model::Precision::F32) l->ckpt.model.decoder.prepare_inference(o.precision);
+  try {
+    l->ckpt.model.decoder.set_kv_cache_types(o.kv_cache_types_for(model_id_for_path(path)));
+  } catch (const ValueError& e) {
+    throw ValueError(path + ": " + e.what() + " (--cache-type-k / --cache-type-v)");
+  }
   const Tokenizer& tok = *l->ckpt.model.tokenizer;
   for (int64_t id : l->ckpt.eos_ids)
     if (id >= 0 && static_cast<size_t>(id) < tok.vocab_size()) l->eos_ids.push_back(static_cast<TokenId>(id));
