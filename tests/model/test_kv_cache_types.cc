@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -278,6 +280,53 @@ TEST(KVCacheTypes, BlocksAndRowCopiesMoveTheStoredBytes) {
       EXPECT_THROW(other.copy_from(KVCache(d.config(), 1, 16), 0, 0, 4), ValueError);  // types differ
     }
   }
+}
+
+}  // namespace
+}  // namespace corelm::model
+
+namespace corelm::model {
+namespace {
+
+// Decode speed per cache type at depth 0 and 4096 on the smollm2-135m shape (random weights,
+// bf16 fast path, 1 thread): the cache's first `depth` positions are filled with encoded random
+// keys/values (speed does not depend on their values), then `steps` single-token steps are timed.
+// Run by hand: test_model --gtest_also_run_disabled_tests --gtest_filter='*BenchKVCacheTypes*'
+// (CORELM_KV_BENCH_STEPS overrides the 16 steps). Results: docs/BENCHMARKS.md.
+TEST(KVCacheTypes, DISABLED_BenchKVCacheTypes) {
+  const char* steps_env = std::getenv("CORELM_KV_BENCH_STEPS");
+  const int64_t steps = steps_env ? std::atoll(steps_env) : 16;
+  const ModelConfig c = ModelConfig::preset("smollm2-135m");
+  Decoder d(c);
+  d.init_weights(1);
+  d.prepare_inference(Precision::BF16);
+  set_num_threads(1);
+  std::vector<float> noise(static_cast<size_t>(4096 * c.head_dim));
+  uint64_t s = 99;
+  for (float& x : noise) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<float>(static_cast<int64_t>(s >> 40) % 2001 - 1000) / 500.0f;
+  }
+  for (KVCacheType t : kTypes)
+    for (int64_t depth : {int64_t{0}, int64_t{4096}}) {
+      KVCache cache(c, 1, depth + steps + 1, {t, t});
+      if (depth > 0) {
+        for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+          for (int64_t g = 0; g < c.num_key_value_heads; ++g) {
+            cache.store_keys(l, 0, g, 0, depth, noise.data());
+            cache.store_values(l, 0, g, 0, depth, noise.data());
+          }
+        cache.set_length(0, depth);
+      }
+      std::vector<int64_t> id{1};
+      d.forward_cached_argmax(Tensor::from_vector(id, {1, 1}), cache, {0});  // warm-up step
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < steps; ++i) id[0] = d.forward_cached_argmax(Tensor::from_vector(id, {1, 1}), cache, {0})[0];
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("[kv-bench] %-6s depth %5lld: %7.2f tok/s (%lld steps, %lld KV bytes/token)\n", kv_cache_type_name(t),
+                  static_cast<long long>(depth), double(steps) / sec, static_cast<long long>(steps),
+                  static_cast<long long>(cache.bytes_per_token()));
+    }
 }
 
 }  // namespace

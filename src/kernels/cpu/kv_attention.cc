@@ -27,41 +27,51 @@ inline void unpack3(const uint8_t* g, int* c) {
   for (int i = 0; i < 8; ++i) c[i] = static_cast<int>((w >> (3 * i)) & 7u);
 }
 
+// Σ q[i]·x(i) over i < n in 8 lanes added pairwise at the end: a fixed order (so results stay
+// reproducible) that the compiler can keep in vector registers without reassociating floats.
+// A tail of n % 8 values is added last, in order.
+template <class Load>
+inline float dot8(const float* q, int64_t n, Load&& x) {
+  float lane[8] = {};
+  const int64_t body = n - n % 8;
+  for (int64_t i = 0; i < body; i += 8)
+    for (int k = 0; k < 8; ++k) lane[k] += q[i + k] * x(i + k);
+  float sum = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  for (int64_t i = body; i < n; ++i) sum += q[i] * x(i);
+  return sum;
+}
+
 // q · x̂ for one encoded head vector of D values (q already rotated for the turbo formats).
 template <KVFormat F>
 float dot_row(const float* q, const uint8_t* row, int64_t D, int64_t n, const float* levels) {
   float acc = 0.0f;
   if constexpr (F == KVFormat::F32) {
-    for (int64_t i = 0; i < D; ++i) {
+    acc = dot8(q, D, [&](int64_t i) {
       float x;
       std::memcpy(&x, row + 4 * i, 4);
-      acc += q[i] * x;
-    }
+      return x;
+    });
   } else if constexpr (F == KVFormat::BF16) {
-    for (int64_t i = 0; i < D; ++i) acc += q[i] * bf16_at(row + 2 * i);
+    acc = dot8(q, D, [&](int64_t i) { return bf16_at(row + 2 * i); });
   } else if constexpr (F == KVFormat::F16) {
-    for (int64_t i = 0; i < D; ++i) acc += q[i] * half_at(row + 2 * i);
+    acc = dot8(q, D, [&](int64_t i) { return half_at(row + 2 * i); });
   } else if constexpr (F == KVFormat::Q8_0) {
     for (int64_t b = 0; b < D; b += kQuantBlock, row += 2 + kQuantBlock) {
       const auto* c = reinterpret_cast<const int8_t*>(row + 2);
-      float s = 0.0f;
-      for (int64_t i = 0; i < kQuantBlock; ++i) s += q[b + i] * static_cast<float>(c[i]);
-      acc += s * half_at(row);
+      acc += dot8(q + b, kQuantBlock, [&](int64_t i) { return static_cast<float>(c[i]); }) * half_at(row);
     }
   } else if constexpr (F == KVFormat::Q4_0) {
     constexpr int64_t h = kQuantBlock / 2;
     for (int64_t b = 0; b < D; b += kQuantBlock, row += 2 + h) {
       const uint8_t* c = row + 2;
-      float s = 0.0f;
-      for (int64_t j = 0; j < h; ++j)
-        s += q[b + j] * static_cast<float>((c[j] & 0x0f) - 8) + q[b + h + j] * static_cast<float>((c[j] >> 4) - 8);
-      acc += s * half_at(row);
+      const float lo = dot8(q + b, h, [&](int64_t j) { return static_cast<float>((c[j] & 0x0f) - 8); });
+      const float hi = dot8(q + b + h, h, [&](int64_t j) { return static_cast<float>((c[j] >> 4) - 8); });
+      acc += (lo + hi) * half_at(row);
     }
   } else if constexpr (F == KVFormat::Turbo4) {
     for (int64_t b = 0; b < D; b += n, row += 2 + n / 2) {
       const uint8_t* c = row + 2;
-      float s = 0.0f;
-      for (int64_t j = 0; j < n / 2; ++j) s += q[b + 2 * j] * levels[c[j] & 0x0f] + q[b + 2 * j + 1] * levels[c[j] >> 4];
+      const float s = dot8(q + b, n, [&](int64_t i) { return levels[(c[i / 2] >> (4 * (i % 2))) & 0x0f]; });
       acc += s * half_at(row);
     }
   } else {  // Turbo3
@@ -71,7 +81,9 @@ float dot_row(const float* q, const uint8_t* row, int64_t D, int64_t n, const fl
       int c[8];
       for (int64_t j = 0; j < n; j += 8, g += 3) {
         unpack3(g, c);
-        for (int i = 0; i < 8; ++i) s += q[b + j + i] * levels[c[i]];
+        float lane = 0.0f;
+        for (int i = 0; i < 8; ++i) lane += q[b + j + i] * levels[c[i]];
+        s += lane;
       }
       acc += s * half_at(row);
     }
