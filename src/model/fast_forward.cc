@@ -13,7 +13,6 @@
 
 #include "corelm/error.h"
 #include "corelm/thread_pool.h"
-#include "kernels/cpu/kv_attention.h"
 
 namespace corelm::model {
 namespace {

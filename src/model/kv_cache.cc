@@ -12,7 +12,7 @@
 #include "corelm/error.h"
 #include "corelm/model.h"
 #include "corelm/out_of_memory.h"
-#include "kernels/cpu/kv_quant.h"
+#include "ops/kv_codec.h"
 
 namespace corelm::model {
 
@@ -25,15 +25,15 @@ std::string mib(double bytes) {
 }  // namespace
 
 namespace {
-kernels::KVFormat format_of(KVCacheType t) { return static_cast<kernels::KVFormat>(static_cast<int>(t)); }
-static_assert(static_cast<int>(KVCacheType::Turbo3) == static_cast<int>(kernels::KVFormat::Turbo3) &&
-                  static_cast<int>(KVCacheType::Q8_0) == static_cast<int>(kernels::KVFormat::Q8_0),
-              "KVCacheType and kernels::KVFormat list the same formats in the same order");
+ops::KVFormat format_of(KVCacheType t) { return static_cast<ops::KVFormat>(static_cast<int>(t)); }
+static_assert(static_cast<int>(KVCacheType::Turbo3) == static_cast<int>(ops::KVFormat::Turbo3) &&
+                  static_cast<int>(KVCacheType::Q8_0) == static_cast<int>(ops::KVFormat::Q8_0),
+              "KVCacheType and ops::KVFormat list the same formats in the same order");
 
 // A type the head_dim does not fit is named with the config field (kv_row_bytes says why).
 int64_t row_bytes_of(KVCacheType t, int64_t d, const char* side) {
   try {
-    return kernels::kv_row_bytes(format_of(t), d);
+    return ops::kv_row_bytes(format_of(t), d);
   } catch (const ValueError& e) {
     throw ValueError(detail::concat("KVCache: ", side, " type ", kv_cache_type_name(t), ": ", e.what(),
                                     " (config field head_dim)"));
@@ -105,7 +105,7 @@ void KVCache::store_keys(int64_t layer, int64_t row, int64_t head, int64_t begin
   Tensor& t = k_.at(layer);
   auto* base = static_cast<uint8_t*>(t.raw_data());
   for (int64_t p = 0; p < count; ++p)
-    kernels::kv_encode_row(format_of(types_.k), x + p * head_dim_, head_dim_,
+    ops::kv_encode_row(format_of(types_.k), x + p * head_dim_, head_dim_,
                            base + entry_offset(t, row, head, begin + p, k_row_bytes_));
 }
 
@@ -113,7 +113,7 @@ void KVCache::store_values(int64_t layer, int64_t row, int64_t head, int64_t beg
   Tensor& t = v_.at(layer);
   auto* base = static_cast<uint8_t*>(t.raw_data());
   for (int64_t p = 0; p < count; ++p)
-    kernels::kv_encode_row(format_of(types_.v), x + p * head_dim_, head_dim_,
+    ops::kv_encode_row(format_of(types_.v), x + p * head_dim_, head_dim_,
                            base + entry_offset(t, row, head, begin + p, v_row_bytes_));
 }
 
@@ -121,7 +121,7 @@ void KVCache::load_keys(int64_t layer, int64_t row, int64_t head, int64_t begin,
   const Tensor& t = k_.at(layer);
   const auto* base = static_cast<const uint8_t*>(t.raw_data());
   for (int64_t p = 0; p < count; ++p)
-    kernels::kv_decode_row(format_of(types_.k), base + entry_offset(t, row, head, begin + p, k_row_bytes_), head_dim_,
+    ops::kv_decode_row(format_of(types_.k), base + entry_offset(t, row, head, begin + p, k_row_bytes_), head_dim_,
                            x + p * head_dim_);
 }
 
@@ -129,7 +129,7 @@ void KVCache::load_values(int64_t layer, int64_t row, int64_t head, int64_t begi
   const Tensor& t = v_.at(layer);
   const auto* base = static_cast<const uint8_t*>(t.raw_data());
   for (int64_t p = 0; p < count; ++p)
-    kernels::kv_decode_row(format_of(types_.v), base + entry_offset(t, row, head, begin + p, v_row_bytes_), head_dim_,
+    ops::kv_decode_row(format_of(types_.v), base + entry_offset(t, row, head, begin + p, v_row_bytes_), head_dim_,
                            x + p * head_dim_);
 }
 
