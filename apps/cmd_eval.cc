@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
+#include "kv_cache_flags.h"
 #include <cstdio>
 
 #include "corelm/model_loader.h"
@@ -23,6 +24,7 @@ struct EvalArgs {
   int threads = 1;
   bool json = false;
   std::string precision = "bf16";  // f32: the reference path
+  std::string cache_type_k = "f32", cache_type_v = "f32";
 };
 
 void run(const EvalArgs& a) {
@@ -34,7 +36,14 @@ void run(const EvalArgs& a) {
   for (const auto& w : checkpoint.warnings) std::fprintf(stderr, "corelm: warning: %s\n", w.c_str());
   model::LoadedModel& m = checkpoint.model;
   const model::Precision precision = model::parse_precision(a.precision);
+  const model::KVCacheTypes kv = parse_kv_cache_flags(a.cache_type_k, a.cache_type_v);
+  // The f32 reference scores whole windows with op attention and keeps no cache, so a cache
+  // type would silently do nothing there.
+  CORELM_CHECK(kv.all_f32() || precision != model::Precision::F32, ValueError,
+               "--cache-type-k/--cache-type-v apply to the fast path (--precision bf16 or int8); "
+               "--precision f32 scores without a KV cache");
   if (precision != model::Precision::F32) m.decoder.prepare_inference(precision);
+  m.decoder.set_kv_cache_types(kv);
   const bool bin = a.data.size() > 4 && a.data.ends_with(".bin");
   train::TokenDataset data =
       bin ? train::TokenDataset::open(a.data) : train::TokenDataset::from_text_files(*m.tokenizer, {a.data}, a.threads);
@@ -63,6 +72,7 @@ RegisterCommand reg([](CLI::App& root) {
                 "bf16 (fast path, default), int8 (int8 weights+activations), q4 (4-bit weights, int8 head) or f32 (reference)")
       ->check(CLI::IsMember(model::precision_names()))
       ->capture_default_str();
+  add_kv_cache_flags(c, a->cache_type_k, a->cache_type_v);
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_flag("--json", a->json, "one JSON object on stdout");
   c->callback([a] { run(*a); });

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
+#include "kv_cache_flags.h"
 #include "corelm/error.h"
 #include "corelm/generate.h"
 #include "corelm/model_loader.h"
@@ -34,6 +35,7 @@ struct GenerateArgs {
   int threads = 1;
   int64_t batch_size = 16;
   std::string precision = "bf16";  // f32: the reference path
+  std::string cache_type_k = "f32", cache_type_v = "f32";
 };
 
 std::vector<std::string> read_prompts(const std::string& path) {
@@ -107,6 +109,7 @@ void run(const GenerateArgs& a) {
   for (int64_t id : checkpoint.eos_ids) o.eos_ids.push_back(static_cast<TokenId>(id));
   const model::Precision precision = model::parse_precision(a.precision);
   if (precision != model::Precision::F32) m.decoder.prepare_inference(precision);
+  m.decoder.set_kv_cache_types(parse_kv_cache_flags(a.cache_type_k, a.cache_type_v));
   infer::TextGenerator gen(m.decoder, *m.tokenizer);
 
   const bool stream = prompts.size() == 1 && !a.json;
@@ -181,6 +184,7 @@ RegisterCommand reg([](CLI::App& root) {
                 "bf16 (fast path, default), int8 (int8 weights+activations), q4 (4-bit weights, int8 head) or f32 (reference)")
       ->check(CLI::IsMember(model::precision_names()))
       ->capture_default_str();
+  add_kv_cache_flags(c, args->cache_type_k, args->cache_type_v);
   c->add_option("--threads", args->threads, "compute threads, 1 to " + std::to_string(kMaxThreads))->capture_default_str();
   c->add_option("--batch-size", args->batch_size, "prompts of --prompt-file generated together")->capture_default_str();
   c->add_flag("--json", args->json, "one JSON object per prompt: text, tokens, finish_reason, prefill_tok_s, decode_tok_s");

@@ -10,6 +10,7 @@
 
 #include "cli_escapes.h"
 #include "command_registry.h"
+#include "kv_cache_flags.h"
 #include "corelm/error.h"
 #include "corelm/pipeline.h"
 #include "corelm/thread_pool.h"
@@ -22,6 +23,7 @@ namespace {
 struct RunArgs {
   pipeline::RunOptions opt;
   std::string shard = "0/1", truncate = "head", task_file, regex;
+  std::string cache_type_k = "f32", cache_type_v = "f32";
   bool json = false;
 };
 
@@ -85,6 +87,7 @@ void run(RunArgs& a, CLI::App& c, pipeline::TaskKind kind) {
   for (auto& s : t.stop) s = unescape(s);
   t.truncate = pipeline::parse_truncate(a.truncate);
   parse_shard(a.shard, a.opt.shard_index, a.opt.shard_count);
+  a.opt.kv_cache_types = parse_kv_cache_flags(a.cache_type_k, a.cache_type_v);
   const pipeline::RunSummary s = pipeline::run(a.opt);
   if (a.json) {
     std::cout << s.manifest.dump() << "\n";
@@ -129,6 +132,7 @@ void add_task(CLI::App& group, pipeline::TaskKind kind, const std::string& help)
   c->add_option("--precision", o.precision,
                 "bf16 (fast path, default), int8 (int8 weights+activations), q4 (4-bit weights, int8 head) or f32 (reference)")
       ->capture_default_str();
+  add_kv_cache_flags(c, a->cache_type_k, a->cache_type_v);
   c->add_option("--threads", o.threads, "threads")->capture_default_str();
   c->add_option("--batch", o.batch, "documents per forward")->capture_default_str();
   c->add_option("--chunk-records", o.chunk_records, "lines per committed output part")->capture_default_str();
@@ -142,6 +146,7 @@ void add_task(CLI::App& group, pipeline::TaskKind kind, const std::string& help)
 struct BatchArgs {
   serve::OfflineBatchOptions o;
   std::string precision = "bf16", sync = "full", shard = "0/1";
+  std::string cache_type_k = "f32", cache_type_v = "f32";
   int threads = 1;
   bool json = false;
 };
@@ -152,6 +157,7 @@ void run_batch(BatchArgs& a) {
   CORELM_CHECK(a.sync == "full" || a.sync == "normal", ValueError, "--queue-sync must be full or normal (got '", a.sync,
                "')");
   a.o.precision = model::parse_precision(a.precision);
+  a.o.kv_cache_types = parse_kv_cache_flags(a.cache_type_k, a.cache_type_v);
   a.o.sync = a.sync == "full" ? queue::Sync::full : queue::Sync::normal;
   parse_shard(a.shard, a.o.shard_index, a.o.shard_count);
   set_num_threads(a.threads);
@@ -182,6 +188,7 @@ void add_batch(CLI::App& group) {
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_option("--precision", a->precision, "bf16 (fast path, default), int8, q4 or f32 (reference)")
       ->capture_default_str();
+  add_kv_cache_flags(c, a->cache_type_k, a->cache_type_v);
   c->add_option("--max-tokens-limit", o.max_tokens_limit, "a body asking for more max_tokens fails (400)")
       ->capture_default_str();
   c->add_option("--max-attempts", o.max_attempts,

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
+#include "kv_cache_flags.h"
 #include "corelm/error.h"
 #include "corelm/serve.h"
 #include "corelm/thread_pool.h"
@@ -26,6 +27,7 @@ namespace {
 struct ServeArgs {
   serve::ServeOptions o;
   std::string api_key_file, precision = "bf16", queue_sync = "full";
+  std::vector<std::string> cache_type_k, cache_type_v;  // TYPE (every model) or ID=TYPE
   int threads = 1;
   bool json = false;
 };
@@ -39,12 +41,39 @@ std::string read_key_file(const std::string& path) {
   return key;
 }
 
+// --cache-type-k/-v TYPE sets every model's type, ID=TYPE one model's (the other side keeps the
+// default); at most one plain TYPE per flag.
+void parse_serve_cache_types(const ServeArgs& a, serve::ServeOptions& o) {
+  for (int side = 0; side < 2; ++side) {
+    const char* flag = side == 0 ? "--cache-type-k" : "--cache-type-v";
+    int plain = 0;
+    for (const std::string& s : side == 0 ? a.cache_type_k : a.cache_type_v)
+      if (s.find('=') == std::string::npos) {
+        CORELM_CHECK(++plain == 1, ValueError, flag, " TYPE given twice (use ID=TYPE for one model)");
+        const model::KVCacheTypes t = parse_kv_cache_flags(side == 0 ? s : "f32", side == 0 ? "f32" : s);
+        (side == 0 ? o.kv_cache_types.k : o.kv_cache_types.v) = side == 0 ? t.k : t.v;
+      }
+  }
+  for (int side = 0; side < 2; ++side)
+    for (const std::string& s : side == 0 ? a.cache_type_k : a.cache_type_v) {
+      const size_t eq = s.find('=');
+      if (eq == std::string::npos) continue;
+      const std::string id = s.substr(0, eq), name = s.substr(eq + 1);
+      CORELM_CHECK(!id.empty(), ValueError, side == 0 ? "--cache-type-k" : "--cache-type-v", " '", s,
+                   "': expected TYPE or MODEL_ID=TYPE");
+      auto it = o.kv_cache_types_by_model.try_emplace(id, o.kv_cache_types).first;
+      const model::KVCacheTypes t = parse_kv_cache_flags(side == 0 ? name : "f32", side == 0 ? "f32" : name);
+      (side == 0 ? it->second.k : it->second.v) = side == 0 ? t.k : t.v;
+    }
+}
+
 void run(ServeArgs& a) {
   CORELM_CHECK(a.o.api_key.empty() || a.api_key_file.empty(), ValueError, "give at most one of --api-key and --api-key-file");
   if (!a.api_key_file.empty()) a.o.api_key = read_key_file(a.api_key_file);
   CORELM_CHECK(a.threads >= 1 && a.threads <= kMaxThreads, ValueError, "--threads must be in [1, ", kMaxThreads, "] (got ",
                a.threads, ")");
   a.o.precision = model::parse_precision(a.precision);
+  parse_serve_cache_types(a, a.o);
   a.o.queue_sync = a.queue_sync == "normal" ? queue::Sync::normal : queue::Sync::full;
   set_num_threads(a.threads);
 
@@ -133,6 +162,12 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--precision", args->precision, "bf16 (fast path, default), int8, q4 or f32 (reference)")
       ->check(CLI::IsMember(model::precision_names()))
       ->capture_default_str();
+  c->add_option("--cache-type-k", args->cache_type_k,
+                std::string("KV cache keys: ") + kKVCacheTypeNames + " for every model (default f32), or "
+                    "MODEL_ID=TYPE for one model (repeatable)");
+  c->add_option("--cache-type-v", args->cache_type_v,
+                std::string("KV cache values: ") + kKVCacheTypeNames + " for every model (default f32), or "
+                    "MODEL_ID=TYPE for one model (repeatable)");
   c->add_option("--state-dir", o.state_dir, "persistent queue folder (created if missing): enables /v1/generate, "
                                             "/v1/files and /v1/batches and the queue worker; servers may share one")
       ->group("Persistent queue");

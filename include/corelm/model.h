@@ -82,30 +82,57 @@ struct ModelConfig {
 // nothing is allocated, so a loader can check a file against it first. `config` must be valid.
 std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& config);
 
-// Per-layer key/value cache for incremental decoding: k/v of layer l are [B, Hkv, capacity, D] f32.
-// Each batch row has its own length, so rows with prompts of different lengths decode together.
+// Per-layer key/value cache for incremental decoding. Keys and values each have a KVCacheType
+// (f32 by default; K and V may differ): an f32 side of layer l is one [B, Hkv, capacity, D] f32
+// tensor (k(l) / v(l)); any other side is one [B, Hkv, capacity, row_bytes] u8 tensor of encoded
+// head vectors (k_bytes(l) / v_bytes(l); formats in src/kernels/cpu/kv_quant.h). Each batch row has
+// its own length, so rows with prompts of different lengths decode together. Everything is
+// allocated up front; a type the head_dim does not fit is a ValueError naming it.
 class KVCache {
  public:
-  KVCache(const ModelConfig& config, int64_t batch, int64_t capacity);
+  KVCache(const ModelConfig& config, int64_t batch, int64_t capacity, KVCacheTypes types = {});
   int64_t batch() const { return static_cast<int64_t>(lengths_.size()); }
   int64_t capacity() const { return capacity_; }
+  int64_t layers() const { return static_cast<int64_t>(k_.size()); }
+  int64_t kv_heads() const { return k_.empty() ? 0 : k_[0].size(1); }
+  int64_t head_dim() const { return head_dim_; }
+  const KVCacheTypes& types() const { return types_; }
   int64_t length(int64_t row) const { return lengths_.at(row); }
   void set_length(int64_t row, int64_t len);  // e.g. 0 to reuse a row for a new sequence
   void reset();                               // all rows empty
-  Tensor& k(int64_t layer) { return k_.at(layer); }
-  Tensor& v(int64_t layer) { return v_.at(layer); }
+  // The f32 buffers; ValueError when that side is not f32 (use k_bytes / v_bytes).
+  Tensor& k(int64_t layer);
+  Tensor& v(int64_t layer);
+  // The raw buffer of either type: f32 [B, Hkv, cap, D] or u8 [B, Hkv, cap, row bytes].
+  Tensor& k_bytes(int64_t layer) { return k_.at(layer); }
+  Tensor& v_bytes(int64_t layer) { return v_.at(layer); }
+  int64_t k_row_bytes() const { return k_row_bytes_; }  // bytes of one head vector
+  int64_t v_row_bytes() const { return v_row_bytes_; }
+  // Bytes one position of one row takes over all layers, keys and values.
+  int64_t bytes_per_token() const;
+
+  // Head vectors as f32 <-> the stored encoding: positions [begin, begin + count) of kv head h of
+  // `row` in layer `layer` (count * D floats). The reference path and tests use these; the fast
+  // path reads the bytes directly.
+  void store_keys(int64_t layer, int64_t row, int64_t head, int64_t begin, int64_t count, const float* x);
+  void store_values(int64_t layer, int64_t row, int64_t head, int64_t begin, int64_t count, const float* x);
+  void load_keys(int64_t layer, int64_t row, int64_t head, int64_t begin, int64_t count, float* x) const;
+  void load_values(int64_t layer, int64_t row, int64_t head, int64_t begin, int64_t count, float* x) const;
 
   // Sharing computed positions between rows (a prompt's KV reused by n > 1 sequences, a prefix
   // cache). copy_row: positions [0, len) of every layer from row src to row dst, whose length
-  // becomes len. Blocks: positions [begin, begin + count) of one row as block_floats(count) floats
-  // (per layer: keys [Hkv, count, D], then values); write_block sets nothing but the values.
+  // becomes len. copy_from: the same from a row of another cache of the same shape and types.
+  // Blocks: positions [begin, begin + count) of one row as block_bytes(count) bytes, copied as
+  // stored (per layer: keys [Hkv, count, row bytes], then values); write_block sets no length.
   void copy_row(int64_t src, int64_t dst, int64_t len);
-  int64_t block_floats(int64_t count) const;
-  void read_block(int64_t row, int64_t begin, int64_t count, float* out) const;
-  void write_block(int64_t row, int64_t begin, int64_t count, const float* in);
+  void copy_from(const KVCache& src, int64_t src_row, int64_t dst_row, int64_t len);
+  int64_t block_bytes(int64_t count) const;
+  void read_block(int64_t row, int64_t begin, int64_t count, uint8_t* out) const;
+  void write_block(int64_t row, int64_t begin, int64_t count, const uint8_t* in);
 
  private:
-  int64_t capacity_;
+  int64_t capacity_, head_dim_ = 0, k_row_bytes_ = 0, v_row_bytes_ = 0;
+  KVCacheTypes types_;
   std::vector<int64_t> lengths_;
   std::vector<Tensor> k_, v_;
 };

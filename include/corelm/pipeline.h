@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "corelm/kv_cache_type.h"
+
 namespace corelm::pipeline {
 
 enum class TaskKind { Classify, Extract, Score };
@@ -57,6 +59,7 @@ struct RunOptions {
   std::string out;                     // output directory
   TaskSpec task;
   std::string precision = "bf16";      // "bf16": the packed fast path; "f32": the reference ops
+  model::KVCacheTypes kv_cache_types;  // what the KV caches store (--cache-type-k / --cache-type-v)
   int64_t batch = 16;                  // documents per forward
   int threads = 1;
   int shard_index = 0, shard_count = 1;  // --shard i/N

@@ -4,6 +4,7 @@
 // scheduler's callbacks into JSON or SSE. Endpoints, limits, errors and metrics: docs/SERVING.md.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ struct ServeOptions {
   double keep_alive_timeout_s = 5;  // idle keep-alive connections are closed after this
   int64_t keep_alive_max = 100;     // requests per keep-alive connection
   model::Precision precision = model::Precision::BF16;
+  // KV cache types of every served model (--cache-type-k/--cache-type-v TYPE), and per model id
+  // (--cache-type-k ID=TYPE) where one model needs another; each model is checked at its load.
+  model::KVCacheTypes kv_cache_types;
+  std::map<std::string, model::KVCacheTypes> kv_cache_types_by_model;
+  model::KVCacheTypes kv_cache_types_for(const std::string& model_id) const;
 
   // Persistent queue (issue 16). Empty state_dir: no queue; /v1/files, /v1/batches and
   // /v1/generate answer 404 with a message naming --state-dir. Several servers may share one

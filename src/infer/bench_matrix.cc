@@ -52,7 +52,7 @@ double probe_bytes(const model::Decoder& decoder) {
   model::KVCache probe = decoder.make_cache(1, kProbe);
   double bytes = 0;
   for (int64_t l = 0; l < decoder.config().num_hidden_layers; ++l)
-    bytes += static_cast<double>(probe.k(l).nbytes() + probe.v(l).nbytes());
+    bytes += static_cast<double>(probe.k_bytes(l).nbytes() + probe.v_bytes(l).nbytes());  // any type
   return bytes;
 }
 }  // namespace

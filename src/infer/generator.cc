@@ -147,7 +147,7 @@ class Session {
     const int64_t capacity = std::max<int64_t>(1, std::min(context_, reach));
     const int64_t batch = static_cast<int64_t>(rows_.size());
     try {
-      return model::KVCache(decoder_.config(), batch, capacity);
+      return decoder_.make_cache(batch, capacity);
     } catch (const OutOfMemoryError& e) {
       char mib[64];
       std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(e.bytes()) / (1 << 20));

@@ -106,7 +106,7 @@ struct Pick {
 
 struct Block {
   std::vector<TokenId> prefix;  // every token up to the block's end (verified on a hit)
-  std::vector<float> kv;        // KVCache::read_block of the block's positions
+  std::vector<uint8_t> kv;      // KVCache::read_block of the block's positions (bytes as stored)
   std::list<uint64_t>::iterator lru;
 };
 
@@ -156,7 +156,7 @@ struct Scheduler::Impl {
     allowed_vocab = std::min<int64_t>(vocab, static_cast<int64_t>(tok.vocab_size()));
     if (tok.eos_id()) base_eos.push_back(*tok.eos_id());
     if (config.eos_token_id >= 0) base_eos.push_back(static_cast<TokenId>(config.eos_token_id));
-    cache.emplace(config, opt.slots, context);
+    cache.emplace(decoder.make_cache(opt.slots, context));  // typed as the decoder's kv_cache_types
     slot_owner.assign(static_cast<size_t>(opt.slots), nullptr);
     slot_seq.assign(static_cast<size_t>(opt.slots), 0);
     for (int64_t s = opt.slots; s-- > 0;) free_slots.push_back(s);  // lowest slot first (back)
@@ -666,7 +666,7 @@ struct Scheduler::Impl {
     }
     if (static_cast<int64_t>(r.block_keys.size()) != begin / C) return;  // a block before it is missing: unreachable
     if (it == blocks.end()) {
-      std::vector<float> recycled;
+      std::vector<uint8_t> recycled;
       if (static_cast<int64_t>(blocks.size()) >= opt.prefix_cache_blocks) {
         // The least recently used block goes, unless it is one of this prompt's own (then the
         // cache is all this prompt's chain, and a deeper block is worth less than its parents).
@@ -684,7 +684,7 @@ struct Scheduler::Impl {
     }
     Block& b = it->second;  // new, or a hash collision with another prefix: overwritten
     b.prefix.assign(r.req.prompt.begin(), r.req.prompt.begin() + r.pos);
-    b.kv.resize(static_cast<size_t>(cache->block_floats(C)));
+    b.kv.resize(static_cast<size_t>(cache->block_bytes(C)));
     cache->read_block(r.seqs[0]->slot, begin, C, b.kv.data());
     r.block_keys.push_back(r.hash);
     touch_chain(r);

@@ -132,14 +132,14 @@ const std::vector<std::string>& precision_names() {
 }
 
 void Decoder::set_kv_cache_types(KVCacheTypes types) {
-  // Until the quantized caches land (issue 18), only f32 keys and values exist: say so rather
-  // than run with a type the caller did not get.
-  CORELM_CHECK(types.all_f32(), ValueError, "KV cache type k=", kv_cache_type_name(types.k),
-               " v=", kv_cache_type_name(types.v), " is not implemented yet (only f32)");
+  // A type the head_dim does not fit fails here, naming it, rather than at the first cache.
+  (void)KVCache(config_, 1, 1, types);
   kv_types_ = types;
 }
 
-KVCache Decoder::make_cache(int64_t batch, int64_t capacity) const { return KVCache(config_, batch, capacity); }
+KVCache Decoder::make_cache(int64_t batch, int64_t capacity) const {
+  return KVCache(config_, batch, capacity, kv_types_);
+}
 
 void Decoder::prepare_inference(Precision p) {
   fast_.reset();  // free the old packing before building a new one
@@ -195,7 +195,7 @@ Tensor Decoder::forward(const Tensor& ids) const {
     check_ids(ids, "forward");
     CORELM_CHECK(ids.size(1) <= config_.max_position_embeddings, ValueError, "Decoder::forward: sequence length ",
                  ids.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
-    KVCache cache(config_, std::max<int64_t>(ids.size(0), 1), std::max<int64_t>(ids.size(1), 1));
+    KVCache cache = make_cache(std::max<int64_t>(ids.size(0), 1), std::max<int64_t>(ids.size(1), 1));
     return forward_cached(ids, cache, all_rows(ids.size(0)), Logits::All);
   }
   return lm_head(forward_hidden(ids));
@@ -282,7 +282,7 @@ Tensor Decoder::forward_hidden(const Tensor& ids) const {
   CORELM_CHECK(T <= config_.max_position_embeddings, ValueError, "Decoder::forward: sequence length ", T,
                " exceeds max_position_embeddings ", config_.max_position_embeddings);
   if (fast_ && !autograd::grad_mode_enabled()) {
-    KVCache cache(config_, std::max<int64_t>(B, 1), std::max<int64_t>(T, 1));
+    KVCache cache = make_cache(std::max<int64_t>(B, 1), std::max<int64_t>(T, 1));
     return forward_cached(ids, cache, all_rows(B), Logits::None);
   }
   Ctx ctx{config_, params_, index_};
@@ -356,14 +356,8 @@ Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vec
   const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
   CORELM_CHECK(static_cast<int64_t>(rows.size()) == B, ValueError, "Decoder::forward_cached: ", rows.size(),
                " cache rows given for a batch of ", B);
-  // The cache's layer count is not exposed; probing the last layer catches a cache built for a
-  // smaller model (std::vector::at throws).
-  try {
-    (void)cache.k(config_.num_hidden_layers - 1);
-  } catch (const std::out_of_range&) {
-    throw ValueError("Decoder::forward_cached: the cache has fewer layers than the model's " +
-                     std::to_string(config_.num_hidden_layers));
-  }
+  CORELM_CHECK(cache.layers() >= config_.num_hidden_layers, ValueError,
+               "Decoder::forward_cached: the cache has fewer layers than the model's ", config_.num_hidden_layers);
   std::set<int64_t> distinct;
   std::vector<int64_t> start(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
@@ -379,12 +373,8 @@ Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vec
     CORELM_CHECK(logits != Logits::Last, ValueError, "Decoder::forward_cached: Logits::Last needs at least one token");
     return Tensor::zeros({B, 0, logits == Logits::None ? H : config_.vocab_size});
   }
-  {
-    const Tensor& k0 = cache.k(0);
-    CORELM_CHECK(k0.dim() == 4 && k0.size(1) == Hkv && k0.size(3) == D, ShapeError,
-                 "Decoder::forward_cached: cache layout ", shape_str(k0.shape()), " does not match ", Hkv,
-                 " kv heads of dim ", D);
-  }
+  CORELM_CHECK(cache.kv_heads() == Hkv && cache.head_dim() == D, ShapeError, "Decoder::forward_cached: cache of ",
+               cache.kv_heads(), " kv heads of dim ", cache.head_dim(), " does not match ", Hkv, " kv heads of dim ", D);
   if (fast_) {
     Tensor out = fast_forward_cached(*fast_, config_, ids, cache, rows, start, logits);
     for (int64_t b = 0; b < B; ++b) cache.set_length(rows[static_cast<size_t>(b)], start[static_cast<size_t>(b)] + T);
@@ -401,8 +391,6 @@ Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vec
     Tensor q = ops::linear(h, w.q, w.q_b);
     Tensor k = ops::linear(h, w.k, w.k_b);
     Tensor v = ops::linear(h, w.v, w.v_b);
-    Tensor& kc = cache.k(l);
-    Tensor& vc = cache.v(l);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t r = rows[static_cast<size_t>(b)], s0 = start[static_cast<size_t>(b)];
       auto row_of = [&](const Tensor& t, int64_t heads) {
@@ -411,10 +399,27 @@ Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vec
       Tensor qb = ops::rope(row_of(q, Hq), ctx.theta(), s0);
       Tensor kb = ops::rope(row_of(k, Hkv), ctx.theta(), s0);
       Tensor vb = row_of(v, Hkv);
-      kc.slice(0, r, r + 1).slice(2, s0, s0 + T).copy_(kb);
-      vc.slice(0, r, r + 1).slice(2, s0, s0 + T).copy_(vb);
-      Tensor keys = kc.slice(0, r, r + 1).slice(2, 0, s0 + T);
-      Tensor values = vc.slice(0, r, r + 1).slice(2, 0, s0 + T);
+      Tensor keys, values;
+      if (cache.types().all_f32()) {
+        Tensor& kc = cache.k(l);
+        Tensor& vc = cache.v(l);
+        kc.slice(0, r, r + 1).slice(2, s0, s0 + T).copy_(kb);
+        vc.slice(0, r, r + 1).slice(2, s0, s0 + T).copy_(vb);
+        keys = kc.slice(0, r, r + 1).slice(2, 0, s0 + T);
+        values = vc.slice(0, r, r + 1).slice(2, 0, s0 + T);
+      } else {
+        // Other types: encode the new positions, then attend over the whole row decoded to f32
+        // (the readable yardstick; the fast path reads the codes in place).
+        const Tensor kn = kb.contiguous(), vn = vb.contiguous();
+        keys = Tensor::empty({1, Hkv, s0 + T, D});
+        values = Tensor::empty({1, Hkv, s0 + T, D});
+        for (int64_t g = 0; g < Hkv; ++g) {
+          cache.store_keys(l, r, g, s0, T, kn.data<float>() + g * T * D);
+          cache.store_values(l, r, g, s0, T, vn.data<float>() + g * T * D);
+          cache.load_keys(l, r, g, 0, s0 + T, keys.data<float>() + g * (s0 + T) * D);
+          cache.load_values(l, r, g, 0, s0 + T, values.data<float>() + g * (s0 + T) * D);
+        }
+      }
       row_out[static_cast<size_t>(b)] = ctx.merge_heads(ops::causal_attention(qb, keys, values), 1, T);
     }
     Tensor a = B == 1 ? row_out[0] : ops::concat(row_out, 0);

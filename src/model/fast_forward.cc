@@ -223,10 +223,17 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
   const std::shared_ptr<const kernels::RopeTable> rope = w.rope->at_least(end);
   const kernels::CachedAttention shape{Hq, Hkv, D, cap, 1.0f / std::sqrt(static_cast<float>(D))};
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const kernels::QuantCacheFormats formats{static_cast<kernels::KVFormat>(static_cast<int>(cache.types().k)),
+                                           static_cast<kernels::KVFormat>(static_cast<int>(cache.types().v))};
+  const int64_t krb = cache.k_row_bytes(), vrb = cache.v_row_bytes();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const FastLayer& L = w.layers[static_cast<size_t>(l)];
-    float* kc = cache.k(l).data<float>();
-    float* vc = cache.v(l).data<float>();
+    // f32 caches keep the f32 kernels; any other type is written encoded and read in place.
+    const bool f32 = cache.types().all_f32();
+    auto* kb = static_cast<uint8_t*>(cache.k_bytes(l).raw_data());
+    auto* vb = static_cast<uint8_t*>(cache.v_bytes(l).raw_data());
+    float* kc = f32 ? cache.k(l).data<float>() : nullptr;
+    float* vc = f32 ? cache.v(l).data<float>() : nullptr;
     kernels::fused_rms_norm(x, H, L.in_norm.data(), h, H, N, H, eps);
     L.qkv.run(h, N, H, qkv, QKV);
     for (int64_t i = 0; i < N; ++i) {
@@ -236,9 +243,14 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
       kernels::fused_rope_inplace(row + Q, Hkv, *rope, pos);
       const int64_t r = rows[static_cast<size_t>(b)];
       for (int64_t g = 0; g < Hkv; ++g) {
-        const int64_t at = ((r * Hkv + g) * cap + pos) * D;
-        std::memcpy(kc + at, row + Q + g * D, static_cast<size_t>(D) * sizeof(float));
-        std::memcpy(vc + at, row + Q + KV + g * D, static_cast<size_t>(D) * sizeof(float));
+        const int64_t at = (r * Hkv + g) * cap + pos;  // entry index
+        if (f32) {
+          std::memcpy(kc + at * D, row + Q + g * D, static_cast<size_t>(D) * sizeof(float));
+          std::memcpy(vc + at * D, row + Q + KV + g * D, static_cast<size_t>(D) * sizeof(float));
+        } else {
+          kernels::kv_encode_row(formats.k, row + Q + g * D, D, kb + at * krb);
+          kernels::kv_encode_row(formats.v, row + Q + KV + g * D, D, vb + at * vrb);
+        }
       }
     }
     // With Logits::Last, the last layer's work after the K/V writes is needed only for each row's
@@ -260,9 +272,14 @@ Tensor fast_forward_cached(const FastWeights& w, const ModelConfig& c, const Ten
         const int64_t i = item / Hq, head = item % Hq, b = i / t_kept;
         const int64_t r = rows[static_cast<size_t>(b)];
         const int64_t pos = start[static_cast<size_t>(b)] + T - t_kept + i % t_kept;
-        const int64_t row_base = r * Hkv * cap * D;
-        kernels::fused_attention_head(qkv + i * QKV + head * D, kc + row_base, vc + row_base, attn + i * Q + head * D,
-                                      head, pos, shape);
+        if (f32) {
+          const int64_t row_base = r * Hkv * cap * D;
+          kernels::fused_attention_head(qkv + i * QKV + head * D, kc + row_base, vc + row_base,
+                                        attn + i * Q + head * D, head, pos, shape);
+        } else {
+          kernels::quant_attention_head(qkv + i * QKV + head * D, kb + r * Hkv * cap * krb, vb + r * Hkv * cap * vrb,
+                                        attn + i * Q + head * D, head, pos, shape, formats);
+        }
       }
     });
     L.o.run(attn, n, Q, tmp, H);

@@ -10,6 +10,7 @@
 #include "corelm/model.h"
 #include "kernels/cpu/fused.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kv_attention.h"
 #include "kernels/cpu/linear_int8.h"
 #include "kernels/cpu/linear_q4.h"
 

@@ -141,12 +141,12 @@ Engine::Engine(const model::Decoder& decoder, const Tokenizer& tokenizer, TaskSp
   prefix_ = tok_.encode(prefix_text_, eo);
   if (!prefix_.empty()) {
     const int64_t P = static_cast<int64_t>(prefix_.size());
-    prefix_cache_ = std::make_unique<model::KVCache>(cfg, 1, P);
+    prefix_cache_ = std::make_unique<model::KVCache>(decoder_.make_cache(1, P));
     prefix_logits_.assign(static_cast<size_t>(P * vocab_), 0.0f);
     forward({prefix_}, *prefix_cache_, {0},
             [&](size_t, const float* logits) { std::copy_n(logits, P * vocab_, prefix_logits_.begin()); });
     if (head_ && cfg.classifier_pooling == "mean") {
-      model::KVCache scratch(cfg, 1, P);
+      model::KVCache scratch = decoder_.make_cache(1, P);
       std::vector<int32_t> flat(prefix_.begin(), prefix_.end());
       const Tensor h = decoder_.forward_cached(Tensor::from_vector(flat, {1, P}), scratch, {0}, model::Logits::None)
                            .contiguous();
@@ -177,7 +177,7 @@ void Engine::ensure_cache(int64_t positions) {
   // Grow geometrically so a corpus of slowly rising lengths reallocates only a few times.
   const int64_t capacity = cache_ ? std::min(limit, std::max(positions, 2 * cache_->capacity())) : positions;
   cache_.reset();
-  cache_ = std::make_unique<model::KVCache>(decoder_.config(), rows, capacity);
+  cache_ = std::make_unique<model::KVCache>(decoder_.make_cache(rows, capacity));
 }
 
 std::optional<PreparedDoc> Engine::prepare(const std::string& text, std::string& error) const {
@@ -255,10 +255,7 @@ void Engine::forward(const std::vector<std::vector<TokenId>>& ids, model::KVCach
 
 void Engine::copy_kv(model::KVCache& src, int64_t src_row, int64_t dst_row, int64_t n) {
   if (n == 0) return;
-  for (int64_t l = 0; l < decoder_.config().num_hidden_layers; ++l) {
-    cache_->k(l).slice(0, dst_row, dst_row + 1).slice(2, 0, n).copy_(src.k(l).slice(0, src_row, src_row + 1).slice(2, 0, n));
-    cache_->v(l).slice(0, dst_row, dst_row + 1).slice(2, 0, n).copy_(src.v(l).slice(0, src_row, src_row + 1).slice(2, 0, n));
-  }
+  cache_->copy_from(src, src_row, dst_row, n);  // bytes as stored, whatever the cache types (no length set)
 }
 
 // Puts each document's reused prefix into its row (length = reuse).

@@ -39,12 +39,13 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // fast inference path once; F32 runs the reference ops.
 // Any checkpoint model::load_model reads (corelm/HF folder, GGUF, llama2.c .bin with a
 // tokenizer next to it is not supported here: pass a folder or GGUF that carries its tokenizer).
-model::LoadedModel load_model(const std::string& path, const std::string& precision) {
+model::LoadedModel load_model(const std::string& path, const std::string& precision, model::KVCacheTypes kv) {
   const model::Precision p = model::parse_precision(precision);
   model::Checkpoint ck = model::load_model(path);
   model::LoadedModel m = std::move(ck.model);
   CORELM_CHECK(m.tokenizer != nullptr, ValueError, "corelm run: ", path, " carries no tokenizer");
   if (p != model::Precision::F32) m.decoder.prepare_inference(p);
+  m.decoder.set_kv_cache_types(kv);
   return m;
 }
 
@@ -190,7 +191,7 @@ RunSummary run_impl(const RunOptions& o, const MpiWorld& world) {
 
   const std::vector<std::string> files = expand_inputs(o.inputs);
   CORELM_CHECK(o.chunk_records > 0, ValueError, "--chunk-records must be positive, got ", o.chunk_records);
-  model::LoadedModel model = load_model(o.model, o.precision);
+  model::LoadedModel model = load_model(o.model, o.precision, o.kv_cache_types);
   // The task hash covers everything that decides the output bytes: the task, the inputs (names,
   // sizes, modification times), the chunk size and the line limit; never batch/threads/shards.
   Hasher th;
@@ -199,6 +200,9 @@ RunSummary run_impl(const RunOptions& o, const MpiWorld& world) {
   hashed["inputs"] = input_fingerprint(files, o.chunk_records);
   hashed["max_line_bytes"] = o.max_line_bytes;
   hashed["precision"] = o.precision;
+  // Lossy caches change the outputs; f32 adds nothing so existing outputs keep their hash.
+  if (!o.kv_cache_types.all_f32())
+    hashed["kv_cache_types"] = {model::kv_cache_type_name(o.kv_cache_types.k), model::kv_cache_type_name(o.kv_cache_types.v)};
   th.update(hashed.dump());
   std::vector<std::string> file_names;  // as written to JSON (run.json, manifest)
   for (const auto& f : files) file_names.push_back(escape_invalid_utf8(f));
@@ -320,6 +324,8 @@ RunSummary run_impl(const RunOptions& o, const MpiWorld& world) {
   m["empty_inputs"] = empty;
   m["shard"] = {{"index", shard}, {"count", shards}, {"mpi", world.active()}};
   m["precision"] = o.precision;
+  m["cache_type_k"] = model::kv_cache_type_name(o.kv_cache_types.k);
+  m["cache_type_v"] = model::kv_cache_type_name(o.kv_cache_types.v);
   m["batch"] = o.batch;
   m["threads"] = o.threads;
   if (world.active()) {

@@ -19,6 +19,11 @@ std::shared_ptr<LoadedModel> load_model_for_serving(const std::string& path, con
   auto l = std::make_shared<LoadedModel>(model::load_model(path));
   CORELM_CHECK(l->ckpt.model.tokenizer != nullptr, ValueError, path, ": the model has no tokenizer");
   if (o.precision != model::Precision::F32) l->ckpt.model.decoder.prepare_inference(o.precision);
+  try {
+    l->ckpt.model.decoder.set_kv_cache_types(o.kv_cache_types_for(model_id_for_path(path)));
+  } catch (const ValueError& e) {
+    throw ValueError(path + ": " + e.what() + " (--cache-type-k / --cache-type-v)");
+  }
   const Tokenizer& tok = *l->ckpt.model.tokenizer;
   for (int64_t id : l->ckpt.eos_ids)
     if (id >= 0 && static_cast<size_t>(id) < tok.vocab_size()) l->eos_ids.push_back(static_cast<TokenId>(id));
@@ -449,7 +454,7 @@ ExecResult score(const LoadedModel& m, const ScoreRequest& r) {
   for (size_t i = 0; i < encoded.size(); ++i) {
     const std::vector<TokenId>& ids = encoded[i];
     const int64_t n = static_cast<int64_t>(ids.size());
-    model::KVCache cache(dec.config(), 1, n);
+    model::KVCache cache = dec.make_cache(1, n);
     double total = 0;
     for (int64_t begin = 0; begin + 1 < n; begin += kChunk) {
       const int64_t len = std::min(kChunk, n - 1 - begin);  // the last token predicts nothing

@@ -509,6 +509,7 @@ std::shared_ptr<LoadedModel> load(const OfflineBatchOptions& o) {
   so.max_queue = 2 * o.slots + 8;
   so.max_tokens_limit = o.max_tokens_limit;
   so.precision = o.precision;
+  so.kv_cache_types = o.kv_cache_types;
   return load_model_for_serving(o.model, so);
 }
 

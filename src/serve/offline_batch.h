@@ -28,6 +28,7 @@ struct OfflineBatchOptions {
   // shard order to the input order.
   int shard_index = 0, shard_count = 1;
   model::Precision precision = model::Precision::BF16;
+  model::KVCacheTypes kv_cache_types;  // --cache-type-k / --cache-type-v
   int64_t max_tokens_limit = 4096;
   int64_t max_attempts = 3;     // leases of one row (a crash while it ran counts) before its error result
   double lease_seconds = 300;   // renewed while the row runs; only matters for a hung process

@@ -33,6 +33,11 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+model::KVCacheTypes ServeOptions::kv_cache_types_for(const std::string& model_id) const {
+  auto it = kv_cache_types_by_model.find(model_id);
+  return it == kv_cache_types_by_model.end() ? kv_cache_types : it->second;
+}
+
 void ServeOptions::validate() const {
   CORELM_CHECK(!models.empty() || !models_dir.empty(), ValueError, "give at least one --model or a --models-dir");
   CORELM_CHECK(max_loaded >= 1, ValueError, "--max-loaded must be >= 1 (got ", max_loaded, ")");

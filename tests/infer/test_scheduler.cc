@@ -428,6 +428,39 @@ TEST_F(SchedulerTest, PrefixCacheReusesASharedSystemPrompt) {
   EXPECT_EQ(r3->tokens[0], r1->tokens[0]);
 }
 
+// The prefix cache and n > 1 row sharing move the cache's bytes as stored, so with a quantized
+// cache (this model's head_dim 16 fits the turbo types and the 16-bit ones) a hit and a shared
+// row still give exactly the tokens of a solo run and of TextGenerator with the same cache type.
+TEST_F(SchedulerTest, PrefixCacheAndSharedRowsWorkForQuantizedCaches) {
+  const auto system = prompt(32, 8);
+  auto with_suffix = [&](uint64_t seed) {
+    auto p = system;
+    for (TokenId t : prompt(5, seed)) p.push_back(t);
+    return p;
+  };
+  for (model::KVCacheTypes types : {model::KVCacheTypes{model::KVCacheType::Turbo3, model::KVCacheType::Turbo4},
+                                    model::KVCacheTypes{model::KVCacheType::BF16, model::KVCacheType::F16}}) {
+    model_->set_kv_cache_types(types);
+    const SequenceRequest first = greedy(with_suffix(1), 8);
+    SequenceRequest second = sampled(with_suffix(2), 8, 3);
+    second.n = 2;
+    Scheduler s(*model_, *tokenizer_, small_options());
+    auto r1 = std::make_shared<Recorder>();
+    s.submit(first, r1);
+    ASSERT_TRUE(r1->wait());
+    auto r2 = std::make_shared<Recorder>(2);
+    s.submit(second, r2);
+    ASSERT_TRUE(r2->wait());
+    EXPECT_EQ(r2->cached_tokens, 32);
+    EXPECT_EQ(r1->tokens[0], solo(first)->tokens[0]);
+    const auto alone = solo(second);
+    EXPECT_EQ(r2->tokens, alone->tokens);
+    TextGenerator gen(*model_, *tokenizer_);
+    EXPECT_EQ(r1->tokens[0], gen.generate_ids({first.prompt}, gen_options(first)).front().tokens);
+  }
+  model_->set_kv_cache_types({});
+}
+
 TEST_F(SchedulerTest, PrefixCacheIsBoundedLeastRecentlyUsed) {
   SchedulerOptions o = small_options();
   o.prefix_cache_blocks = 3;

@@ -167,3 +167,39 @@ TEST_F(ExecutorTest, StreamIsRefusedAndBadBodiesName400Params) {
 
 }  // namespace
 }  // namespace corelm::serve
+
+namespace corelm::serve {
+namespace {
+
+// --cache-type-k/-v reach each served model's decoder: every model by default, one model by its
+// id; a type the model's head_dim cannot hold fails at load naming the model and the flags.
+TEST(ExecutorCacheTypes, EachModelGetsItsTypesAndMisfitsNameTheModel) {
+  const fs::path root = fs::temp_directory_path() / ("corelm_exec_kv_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  testing::make_model_dir(root / "tiny");  // head_dim 16
+  ServeOptions o;
+  o.models = {(root / "tiny").string()};
+  o.kv_cache_types = {model::KVCacheType::Turbo3, model::KVCacheType::BF16};
+  auto a = load_model_for_serving(o.models[0], o);
+  EXPECT_EQ(a->ckpt.model.decoder.kv_cache_types().k, model::KVCacheType::Turbo3);
+  EXPECT_EQ(a->ckpt.model.decoder.kv_cache_types().v, model::KVCacheType::BF16);
+  o.kv_cache_types_by_model["tiny"] = {model::KVCacheType::F16, model::KVCacheType::Turbo4};
+  auto b = load_model_for_serving(o.models[0], o);
+  EXPECT_EQ(b->ckpt.model.decoder.kv_cache_types().k, model::KVCacheType::F16);
+  EXPECT_EQ(b->ckpt.model.decoder.kv_cache_types().v, model::KVCacheType::Turbo4);
+  o.kv_cache_types_by_model["other"] = {model::KVCacheType::Q8_0, model::KVCacheType::Q8_0};  // not this model
+  EXPECT_NO_THROW(load_model_for_serving(o.models[0], o));
+  o.kv_cache_types_by_model["tiny"] = {model::KVCacheType::Q8_0, model::KVCacheType::F32};  // 32-blocks > 16
+  try {
+    load_model_for_serving(o.models[0], o);
+    ADD_FAILURE() << "q8_0 accepted for head_dim 16";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("tiny"), std::string::npos) << m;
+    EXPECT_NE(m.find("--cache-type-k"), std::string::npos) << m;
+  }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace corelm::serve

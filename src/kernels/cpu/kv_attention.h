@@ -1,0 +1,29 @@
+// Attention of one (query row, query head) against a KV cache stored in the block formats of
+// kv_quant.h, reading the codes in place (no dequantised copy of the cache):
+//  - q8_0 / q4_0 keys: per 32-block, the dot of the f32 query with the integer codes, times the
+//    block scale; values: each block's codes times (probability x scale) added to the output.
+//  - bf16 / f16 / f32: converted value by value inside the loops.
+//  - turbo keys: the query is rotated once per call (the rotation is orthogonal, so
+//    q·x̂ = (Rq)·(s·c)) and each score is the norm times the query's dot with the codebook levels;
+//    turbo values: s·c accumulated in the rotated basis, rotated back once at the end.
+// Scores and sums are f32 in a fixed order, so a result depends only on the query and the
+// row's cache, not on the batch or the threads. Same contract as fused_attention_head (fused.h)
+// otherwise: positions 0 ..= pos are attended, query head h reads kv head h / (q_heads / kv_heads).
+#pragma once
+#include <cstdint>
+
+#include "kernels/cpu/fused.h"
+#include "kernels/cpu/kv_quant.h"
+
+namespace corelm::kernels {
+
+// One batch row of the cache: k_cache / v_cache are [kv_heads, capacity, row bytes] with row
+// bytes = kv_row_bytes(format, head_dim).
+struct QuantCacheFormats {
+  KVFormat k = KVFormat::F32, v = KVFormat::F32;
+};
+
+void quant_attention_head(const float* q, const uint8_t* k_cache, const uint8_t* v_cache, float* out, int64_t head,
+                          int64_t pos, const CachedAttention& shape, QuantCacheFormats formats);
+
+}  // namespace corelm::kernels
