@@ -56,7 +56,18 @@ TEST(Bf16MatmulOracle, MatchesTorchBfloat16OnEveryKernel) {
       // fp32 summation-order error of K terms (random signs: ~sqrt(K) roundings), relative to the
       // largest output; a different rounding of even one operand would show up far above it.
       EXPECT_LE(exact.max_rel, 32.0 * std::sqrt(double(K)) * std::ldexp(1.0, -24)) << name;
-      EXPECT_LE(vs_torch.max_rel, std::ldexp(1.0, -8)) << name;  // torch's output is rounded to bf16
+      // torch's output is rounded to bf16, so it sits within 2^-8 of the exact product -- where torch
+      // computes it that way. On CPUs without avx512_bf16 (e.g. Zen 3) torch 1.13's bf16 matmul
+      // rounds partial sums to bf16 and lands farther from the exact product than 2^-8 itself;
+      // there the exact product above is the yardstick and the torch figure is only reported.
+      const ErrorStats torch_exact = ErrorStats::between(tensor_from_json(c.at("torch_bf16")).to_float_vector(),
+                                                         tensor_from_json(c.at("exact_of_rounded")).to_float_vector());
+      if (torch_exact.max_rel <= std::ldexp(1.0, -8))
+        EXPECT_LE(vs_torch.max_rel, std::ldexp(1.0, -8)) << name;
+      else
+        std::printf("ORACLE bf16 matmul %s: torch's own bf16 matmul is %s off the exact product on this CPU "
+                    "(partial sums rounded to bf16); compared with the exact product only\n",
+                    name.c_str(), format_error(torch_exact.max_rel).c_str());
     }
   }
   ops::set_bf16_gemm_kernel(saved);

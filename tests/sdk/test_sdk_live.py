@@ -47,7 +47,7 @@ def queue_metrics(url):
     cannot be read."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     req = urllib.request.Request(url + "/metrics", headers={"Authorization": "Bearer " + API_KEY})
-    rows = completed = 0
+    rows = completed = polls = 0
     try:
         with opener.open(req, timeout=2) as r:
             for line in r.read().decode().splitlines():
@@ -55,9 +55,11 @@ def queue_metrics(url):
                     rows += float(line.split()[-1])
                 elif line.startswith("corelm_queue_completed_total"):
                     completed = float(line.split()[-1])
+                elif line.startswith('corelm_requests_total{endpoint="/v1/generate/get_results"'):
+                    polls += float(line.split()[-1])
     except OSError:
         pass
-    return rows, completed
+    return rows, completed, polls
 
 
 def greedy_reference(client, model, prompts, max_tokens):
@@ -179,10 +181,16 @@ class Checks:
             # fixed time (a quiet machine may finish it all in a fraction of a second), and not
             # during a submit, which the SDK never retries after a reset (it cannot tell whether
             # the server queued it).
+            # Every row in the queue is not enough: the last submit's answer may still be on its
+            # way. The SDK polls only between submits, so a get_results answered after the rows
+            # were all seen means no submit was waiting for its answer any more.
             deadline = time.time() + 30
+            polls_when_queued = None
             while time.time() < deadline and t.is_alive():
-                rows, completed = queue_metrics(srv.url)
-                if rows >= len(prompts) and completed >= 1:
+                rows, completed, polls = queue_metrics(srv.url)
+                if polls_when_queued is None and rows >= len(prompts):
+                    polls_when_queued = polls
+                if polls_when_queued is not None and polls > polls_when_queued and completed >= 1:
                     break
                 time.sleep(0.005)
             alive_at_kill = t.is_alive()
