@@ -93,6 +93,7 @@ void run(const PerplexityArgs& a) {
                              {"precision", model::precision_name(precision)},
                              {"type_k", model::kv_cache_type_name(m.decoder.kv_cache_types().k)},
                              {"type_v", model::kv_cache_type_name(m.decoder.kv_cache_types().v)},
+                             {"kv_bytes_per_token", m.decoder.make_cache(1, 1).bytes_per_token()},
                              {"threads", a.threads},
                              {"tokens", r.tokens},
                              {"ctx", r.ctx},
@@ -141,12 +142,12 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--batch", a->batch, "chunks evaluated together (rows of one forward)")->capture_default_str();
   c->add_option("--threads,-t", a->threads, "threads")->capture_default_str();
   c->add_option("--precision", a->precision,
-                "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}))
+                "bf16 (fast path, default), int8 (int8 weights+activations), q4 (4-bit weights) or f32 (reference)")
+      ->check(CLI::IsMember(model::precision_names()))
       ->capture_default_str();
-  c->add_option("--cache-type-k", a->cache_type_k, "KV cache type of the keys (f32, bf16, f16, q8_0, q4_0, ...)")
+  c->add_option("--cache-type-k", a->cache_type_k, "KV cache type of the keys: f32, bf16, f16, q8_0, q4_0, turbo4 or turbo3")
       ->capture_default_str();
-  c->add_option("--cache-type-v", a->cache_type_v, "KV cache type of the values")->capture_default_str();
+  c->add_option("--cache-type-v", a->cache_type_v, "KV cache type of the values (the same names)")->capture_default_str();
   c->add_option("--save-logits", a->save_logits,
                 "write the scored positions' log-probabilities (base file of a later --kl-base run)");
   c->add_option("--kl-base", a->kl_base, "compare against a --save-logits file: KL divergence, top-token agreement, "
