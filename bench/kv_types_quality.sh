@@ -22,7 +22,7 @@ run() { "${pin[@]}" "$corelm" perplexity --model "$model" --file "$text" --ctx "
           --precision "$precision" --threads 1 --json "$@" 2>/dev/null; }
 
 base="$out/f16.logp"
-run --cache-type-k f16 --cache-type-v f16 --save-logits "$base" > "$out/f16.json"
+run --cache-type-k f16 --cache-type-v f16 --save-logits "$base" > "$out/f16_f16.json"
 for t in $types; do
   k="${t%/*}"; v="${t#*/}"
   run --cache-type-k "$k" --cache-type-v "$v" --kl-base "$base" > "$out/${k}_${v}.json"
@@ -39,7 +39,7 @@ for p in pairs:
     print(json.dumps({x: j[x] for x in ("type_k", "type_v", "ppl", "ppl_stderr", "kv_bytes_per_token", "tokens_per_s")}
                      | ({"kld": j["kld"]} if "kld" in j else {})), file=sys.stderr)
     d = j.get("kld")
-    kld = f"{d['mean_kld']:.5f} ± {d['mean_kld_stderr']:.5f}" if d else "(base)"
+    kld = f"{d['mean_kld']:.5f} ± {d['mean_kld_stderr']:.1e}" if d else "(base)"
     top = f"{d['same_top_pct']:.2f}%" if d else "-"
     dppl = f"{d['delta_ppl']:+.4f} ± {d['delta_ppl_stderr']:.4f}" if d else "-"
     print(f"| {k} / {v} | {j['ppl']:.4f} ± {j['ppl_stderr']:.4f} | {kld} | {top} | {dppl} | {j['kv_bytes_per_token']:,} | {j['tokens_per_s']:.0f} |")
