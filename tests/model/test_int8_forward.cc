@@ -19,6 +19,7 @@
 #include "corelm/model.h"
 #include "corelm/model_loader.h"
 #include "common/model_factories.h"
+#include "model/stories260k_agreement.h"
 #include "corelm/thread_pool.h"
 
 namespace corelm::model {
@@ -154,39 +155,12 @@ TEST(Int8ForwardLifecycle, PrecisionIsReportedAndSwitchable) {
   EXPECT_THROW(d.forward_cached(ids_of({1, 999}, 1, 2), cache, {0}), IndexError);  // id outside the vocabulary
 }
 
-// The real trained stories260K: teacher-forced next-token argmax of int8 vs f32 over a fixed
-// token stream (greedy generations would diverge at the first near-tie and say little).
+// The trained stories260K: teacher-forced next-token argmax of int8 vs f32 (stories260k_agreement.h).
 TEST(Int8ForwardTrained, Stories260KTop1AgreesWithReference) {
-  const std::string path = std::string(CORELM_SOURCE_DIR) + "/../shared/data/models/stories260K/stories260K.bin";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (see /work/shared/data/MANIFEST.md)";
-  LoadOptions options;
-  options.require_tokenizer = false;
-  Checkpoint ckpt = load_model(path, options);
-  Decoder& d = ckpt.model.decoder;
-  const int64_t V = d.config().vocab_size, T = 200;
-  // The f32 model's own greedy continuation from BOS: realistic text for the model.
-  std::vector<int64_t> stream{1};
-  {
-    KVCache cache(d.config(), 1, T + 1);
-    for (int64_t i = 0; i < T - 1; ++i) {
-      auto v = d.forward_cached(ids_of({stream.back()}, 1, 1), cache, {0}, Logits::Last).to_float_vector();
-      stream.push_back(argmax(v.data(), V));
-    }
-  }
-  auto top1 = [&]() {
-    KVCache cache(d.config(), 1, T);
-    const auto v = d.forward_cached(ids_of(stream, 1, T), cache, {0}).to_float_vector();
-    std::vector<int64_t> out;
-    for (int64_t t = 0; t < T; ++t) out.push_back(argmax(&v[t * V], V));
-    return out;
-  };
-  const auto ref = top1();
-  d.prepare_inference(Precision::Int8);
-  const auto int8 = top1();
-  int64_t agree = 0;
-  for (int64_t t = 0; t < T; ++t) agree += ref[t] == int8[t];
-  std::cout << "[ stories260K ] int8 next-token argmax agrees with f32 at " << agree << " of " << T << " positions\n";
-  EXPECT_GE(agree, T * 9 / 10);
+  const std::optional<int64_t> agree = testing_support::stories260k_top1_agreement(Precision::Int8);
+  if (!agree) GTEST_SKIP() << testing_support::stories260k_path() << " not found (see /work/shared/data/MANIFEST.md)";
+  std::cout << "[ stories260K ] int8 next-token argmax agrees with f32 at " << *agree << " of 200 positions\n";
+  EXPECT_GE(*agree, 200 * 9 / 10);
 }
 
 }  // namespace

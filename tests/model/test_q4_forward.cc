@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/model_factories.h"
+#include "model/stories260k_agreement.h"
 #include "corelm/error.h"
 #include "corelm/isa.h"
 #include "corelm/model.h"
@@ -162,38 +163,12 @@ TEST(Q4ForwardLifecycle, PrecisionIsReportedAndSwitchable) {
 }
 
 // The trained stories260K (hidden 64, FFN 172: the down projection's K is not a multiple of 32, so
-// its last block is padded): teacher-forced next-token argmax of q4 vs f32 over the f32 model's
-// own greedy text.
+// its last block is padded): teacher-forced next-token argmax of q4 vs f32 (stories260k_agreement.h).
 TEST(Q4ForwardTrained, Stories260KTop1AgreesWithReference) {
-  const std::string path = std::string(CORELM_SOURCE_DIR) + "/../shared/data/models/stories260K/stories260K.bin";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (see /work/shared/data/MANIFEST.md)";
-  LoadOptions options;
-  options.require_tokenizer = false;
-  Checkpoint ckpt = load_model(path, options);
-  Decoder& d = ckpt.model.decoder;
-  const int64_t V = d.config().vocab_size, T = 200;
-  std::vector<int64_t> stream{1};
-  {
-    KVCache cache(d.config(), 1, T + 1);
-    for (int64_t i = 0; i < T - 1; ++i) {
-      auto v = d.forward_cached(ids_of({stream.back()}, 1, 1), cache, {0}, Logits::Last).to_float_vector();
-      stream.push_back(argmax(v.data(), V));
-    }
-  }
-  auto top1 = [&]() {
-    KVCache cache(d.config(), 1, T);
-    const auto v = d.forward_cached(ids_of(stream, 1, T), cache, {0}).to_float_vector();
-    std::vector<int64_t> out;
-    for (int64_t t = 0; t < T; ++t) out.push_back(argmax(&v[t * V], V));
-    return out;
-  };
-  const auto ref = top1();
-  d.prepare_inference(Precision::Q4);
-  const auto q4 = top1();
-  int64_t agree = 0;
-  for (int64_t t = 0; t < T; ++t) agree += ref[t] == q4[t];
-  std::cout << "[ stories260K ] q4 next-token argmax agrees with f32 at " << agree << " of " << T << " positions\n";
-  EXPECT_GE(agree, kMinAgree);
+  const std::optional<int64_t> agree = testing_support::stories260k_top1_agreement(Precision::Q4);
+  if (!agree) GTEST_SKIP() << testing_support::stories260k_path() << " not found (see /work/shared/data/MANIFEST.md)";
+  std::cout << "[ stories260K ] q4 next-token argmax agrees with f32 at " << *agree << " of 200 positions\n";
+  EXPECT_GE(*agree, kMinAgree);
 }
 
 }  // namespace
