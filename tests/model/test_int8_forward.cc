@@ -19,7 +19,7 @@
 #include "corelm/model.h"
 #include "corelm/model_loader.h"
 #include "common/model_factories.h"
-#include "model/stories260k_agreement.h"
+#include "model/reduced_precision_checks.h"
 #include "corelm/thread_pool.h"
 
 namespace corelm::model {
@@ -92,36 +92,9 @@ TEST_P(Int8Forward, GreedyDecodeIsBatchAndThreadInvariant) {
   Decoder d(small_config(true));
   d.init_weights(13);
   d.prepare_inference(Precision::Int8);
-  const int64_t V = d.config().vocab_size, T = 9, steps = 12, B = 4, target = 2;
-  auto greedy = [&](int64_t batch, int64_t row_of_target, int threads) {
-    set_num_threads(threads);
-    KVCache cache(d.config(), batch, 64);
-    std::vector<int64_t> rows;
-    for (int64_t b = 0; b < batch; ++b) {
-      rows.push_back(b);
-      if (b != row_of_target) d.forward_cached(ids_of(random_ids(3 + b, V, 70 + b), 1, 3 + b), cache, {b});
-    }
-    std::vector<int64_t> prompt;  // the target's prompt; the others get their own
-    for (int64_t b = 0; b < batch; ++b) {
-      const auto p = random_ids(T, V, b == row_of_target ? 5 : 90 + b);
-      prompt.insert(prompt.end(), p.begin(), p.end());
-    }
-    Tensor logits = d.forward_cached(ids_of(prompt, batch, T), cache, rows, Logits::Last);
-    std::vector<int64_t> tokens;
-    std::vector<float> trace;
-    for (int64_t s = 0; s < steps; ++s) {
-      const auto v = logits.to_float_vector();
-      trace.insert(trace.end(), v.begin() + row_of_target * V, v.begin() + (row_of_target + 1) * V);
-      std::vector<int64_t> next;
-      for (int64_t b = 0; b < batch; ++b) next.push_back(argmax(&v[b * V], V));
-      tokens.push_back(next[row_of_target]);
-      logits = d.forward_cached(ids_of(next, batch, 1), cache, rows, Logits::Last);
-    }
-    set_num_threads(1);
-    return std::make_pair(tokens, trace);
-  };
-  const auto alone = greedy(1, 0, 1);
-  const auto batched = greedy(B, target, 2);
+  const int64_t B = 4, target = 2;
+  const auto alone = testing_support::greedy_target_row(d, 1, 0, 1);
+  const auto batched = testing_support::greedy_target_row(d, B, target, 2);
   EXPECT_EQ(alone.first, batched.first);
   ASSERT_EQ(alone.second.size(), batched.second.size());
   EXPECT_EQ(0, std::memcmp(alone.second.data(), batched.second.data(), alone.second.size() * sizeof(float)));
