@@ -10,6 +10,7 @@
 
 #include "corelm/error.h"
 #include "corelm/thread_pool.h"
+#include "kernels/cpu/panel_tasks.h"
 #include "kernels/cpu/linear_int8.h"
 #include "kernels/cpu/reference/linear_int8.h"
 #include "kernels/cpu/tile_emulation.h"
@@ -80,19 +81,8 @@ void run_packed(const float* X, int64_t m, int64_t ldx, const PackedLinearI8& W,
   a.n = W.n;
   a.Y = Y;
   a.ldy = ldy;
-  const int64_t panels = blocks(W.n, kInt8Panel), col_blocks = blocks(panels, kPanelsPerBlock);
-  const int64_t tasks = blocks(m, kRowBlock) * col_blocks;
-  const auto task = [&](int64_t t) {
-    const int64_t m0 = (t / col_blocks) * kRowBlock, p0 = (t % col_blocks) * kPanelsPerBlock;
-    block(a, m0, std::min(m0 + kRowBlock, m), p0, std::min(p0 + kPanelsPerBlock, panels));
-  };
-  if (tasks == 1 || num_threads() == 1) {
-    for (int64_t t = 0; t < tasks; ++t) task(t);
-    return;
-  }
-  parallel_for(tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) task(t);
-  });
+  run_panel_tasks(m, blocks(W.n, kInt8Panel), kRowBlock, kPanelsPerBlock,
+                  [&](int64_t m0, int64_t m1, int64_t p0, int64_t p1) { block(a, m0, m1, p0, p1); });
 }
 
 void check_packing(const PackedLinearI8& W);
