@@ -15,6 +15,27 @@
 
 namespace corelm::model {
 
+// What one decoder layer computes. Attention kinds:
+//   Full    -- causal GQA attention with RoPE over every earlier position (Llama/Qwen2);
+//   Sliding -- the same over the last `window` positions only (Mistral's sliding_window; the
+//              cache keeps a ring of `window` entries);
+//   Linear  -- log-decay linear attention with `d_state` features per head (a fixed-size
+//              recurrent state instead of a KV cache; ops::linear_attention).
+// The FFN is the dense SwiGLU today (a mixture of experts is a later kind).
+enum class AttentionKind { Full, Sliding, Linear };
+enum class FfnKind { Dense };
+// HF's layer_types spellings: "full_attention" | "sliding_attention" | "linear_attention".
+const char* attention_kind_name(AttentionKind k);
+AttentionKind parse_attention_kind(const std::string& s);  // ValueError naming the accepted spellings
+
+struct LayerSpec {
+  AttentionKind attention = AttentionKind::Full;
+  int64_t window = 0;   // Sliding: how many positions a query sees, itself included (> 0)
+  int64_t d_state = 0;  // Linear: key/query features per head (> 0)
+  FfnKind ffn = FfnKind::Dense;
+  bool operator==(const LayerSpec&) const = default;
+};
+
 // Field names and meaning as in a Hugging Face config.json.
 struct ModelConfig {
   std::string model_type = "llama";  // "llama" or "qwen2" (qwen2 implies attention_bias)
@@ -31,6 +52,15 @@ struct ModelConfig {
   bool tie_word_embeddings = true;
   bool attention_bias = false;
   std::string torch_dtype = "float32";
+  // Per-layer specs (num_hidden_layers entries), or empty: every layer Full + Dense, as in a plain
+  // Llama/Qwen2 config. Read from HF's `layer_types` (with `sliding_window`), Mistral's
+  // `sliding_window`, Qwen2's `use_sliding_window` + `max_window_layers` (layers from
+  // max_window_layers on slide, as current transformers derives layer_types), and the corelm key
+  // `linear_attention_state_size` for Linear layers; written back as `layer_types` & co.
+  std::vector<LayerSpec> layers;
+  // Packed training sequences: attention and recurrent state never cross a BOS token, so documents
+  // packed back to back do not see each other (corelm key `bos_isolation`; needs bos_token_id).
+  bool bos_isolation = false;
   double initializer_range = 0.02;
   int64_t bos_token_id = -1;  // -1: none
   int64_t eos_token_id = -1;
@@ -73,6 +103,10 @@ struct ModelConfig {
   void validate() const;
   // Only the size fields: each positive and at most its kMax* bound.
   void validate_sizes() const;
+  // Layer l's spec (Full + Dense when `layers` is empty); IndexError outside [0, num_hidden_layers).
+  LayerSpec layer(int64_t l) const;
+  // True when every layer is Full attention + Dense FFN (the Llama/Qwen2 decoder).
+  bool all_full_attention() const;
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t num_parameters(bool include_embeddings = true) const;

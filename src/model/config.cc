@@ -1,4 +1,5 @@
 // ModelConfig: HF config.json <-> struct, validation, presets and parameter counts.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -133,7 +134,79 @@ void read_classifier(const json& j, const Reader& r, ModelConfig& c) {
   c.classifier_template = r.string_or("classifier_template", "");
 }
 
+// Per-layer specs from HF's spellings (see ModelConfig::layers). A config whose layers are all
+// full attention keeps `layers` empty, so it compares equal to the plain Llama/Qwen2 config.
+void read_layer_specs(const json& j, const Reader& r, ModelConfig& c, bool mistral) {
+  const int64_t n = c.num_hidden_layers;
+  std::vector<AttentionKind> kinds;
+  if (r.has("layer_types")) {
+    const json& v = j.at("layer_types");
+    CORELM_CHECK(v.is_array(), FormatError, r.where("layer_types"), " must be a list of strings, got ", type_of(v));
+    CORELM_CHECK(static_cast<int64_t>(v.size()) == n, FormatError, r.where("layer_types"), " lists ", v.size(),
+                 " layers but num_hidden_layers is ", n);
+    for (size_t l = 0; l < v.size(); ++l) {
+      CORELM_CHECK(v[l].is_string(), FormatError, r.where("layer_types"), "[", l, "] must be a string, got ",
+                   v[l].dump());
+      try {
+        kinds.push_back(parse_attention_kind(v[l].get<std::string>()));
+      } catch (const ValueError& e) {
+        throw FormatError(r.where("layer_types") + "[" + std::to_string(l) + "]: " + e.what());
+      }
+    }
+  } else if (c.model_type == "qwen2" && r.boolean_or("use_sliding_window", false)) {
+    // Current transformers: layers from max_window_layers on use the window (4.40's flash path
+    // applied it below max_window_layers instead; layer_types, when present, settles it).
+    const int64_t first = r.integer_or("max_window_layers", n);
+    for (int64_t l = 0; l < n; ++l) kinds.push_back(l >= first ? AttentionKind::Sliding : AttentionKind::Full);
+  } else if (mistral && r.has("sliding_window")) {
+    kinds.assign(static_cast<size_t>(n), AttentionKind::Sliding);
+  }
+  const bool any_sliding = std::find(kinds.begin(), kinds.end(), AttentionKind::Sliding) != kinds.end();
+  const bool any_linear = std::find(kinds.begin(), kinds.end(), AttentionKind::Linear) != kinds.end();
+  if (!any_sliding && !any_linear) return;
+  const int64_t window = any_sliding ? r.integer("sliding_window") : 0;
+  const int64_t d_state = any_linear ? r.integer("linear_attention_state_size") : 0;
+  CORELM_CHECK(!any_sliding || window > 0, FormatError, r.where("sliding_window"), " must be positive, got ", window);
+  CORELM_CHECK(!any_linear || d_state > 0, FormatError, r.where("linear_attention_state_size"),
+               " must be positive, got ", d_state);
+  for (AttentionKind k : kinds) {
+    LayerSpec s;
+    s.attention = k;
+    if (k == AttentionKind::Sliding) s.window = window;
+    if (k == AttentionKind::Linear) s.d_state = d_state;
+    c.layers.push_back(s);
+  }
+}
+
 }  // namespace
+
+const char* attention_kind_name(AttentionKind k) {
+  switch (k) {
+    case AttentionKind::Sliding: return "sliding_attention";
+    case AttentionKind::Linear: return "linear_attention";
+    case AttentionKind::Full: break;
+  }
+  return "full_attention";
+}
+
+AttentionKind parse_attention_kind(const std::string& s) {
+  if (s == "full_attention") return AttentionKind::Full;
+  if (s == "sliding_attention") return AttentionKind::Sliding;
+  if (s == "linear_attention") return AttentionKind::Linear;
+  throw ValueError("unknown layer type '" + s + "' (use full_attention, sliding_attention or linear_attention)");
+}
+
+LayerSpec ModelConfig::layer(int64_t l) const {
+  CORELM_CHECK(l >= 0 && l < num_hidden_layers, IndexError, "model config: layer ", l, " out of range (",
+               num_hidden_layers, " layers)");
+  return layers.empty() ? LayerSpec{} : layers[static_cast<size_t>(l)];
+}
+
+bool ModelConfig::all_full_attention() const {
+  for (const LayerSpec& s : layers)
+    if (s.attention != AttentionKind::Full || s.ffn != FfnKind::Dense) return false;
+  return true;
+}
 
 ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   CORELM_CHECK(j.is_object(), FormatError, source, ": a model config must be a JSON object, got ", j.type_name());
@@ -145,10 +218,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     std::string arch = j["architectures"][0].get<std::string>();
     if (arch.rfind("Qwen2", 0) == 0) type = "qwen2";
     if (arch.rfind("Llama", 0) == 0) type = "llama";
+    if (arch.rfind("Mistral", 0) == 0) type = "mistral";
   }
   CORELM_CHECK(!type.empty(), FormatError, source, ": missing required field 'model_type' (\"llama\" or \"qwen2\")");
+  // Mistral is a Llama without biases whose layers all slide (sliding_window; null: none).
+  const bool mistral = type == "mistral";
+  if (mistral) type = "llama";
   CORELM_CHECK(type == "llama" || type == "qwen2", FormatError, source, ": field 'model_type' is '", type,
-               "'; supported: llama, qwen2");
+               "'; supported: llama, mistral, qwen2");
   c.model_type = type;
 
   c.vocab_size = r.integer("vocab_size");
@@ -180,14 +257,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     if (pad >= 0 && pad < c.vocab_size) c.pad_token_id = pad;
   }
   read_classifier(j, r, c);
+  read_layer_specs(j, r, c, mistral);
+  c.bos_isolation = r.boolean_or("bos_isolation", false);
 
   // Features the decoder does not implement: refuse rather than silently compute something else.
   std::string act = r.string_or("hidden_act", "silu");
   CORELM_CHECK(act == "silu", FormatError, source, ": field 'hidden_act' is '", act, "'; only silu is supported");
   CORELM_CHECK(!r.has("rope_scaling"), FormatError, source,
                ": field 'rope_scaling' is not supported (only plain RoPE)");
-  CORELM_CHECK(!r.boolean_or("use_sliding_window", false), FormatError, source,
-               ": field 'use_sliding_window' = true is not supported");
   CORELM_CHECK(!r.boolean_or("mlp_bias", false), FormatError, source, ": field 'mlp_bias' = true is not supported");
   for (const char* moe : {"num_experts", "num_local_experts", "n_routed_experts"})
     CORELM_CHECK(!r.has(moe) || r.integer(moe) <= 1, FormatError, source, ": field '", moe,
@@ -260,10 +337,32 @@ json ModelConfig::to_json() const {
     j["classifier_pooling"] = classifier_pooling;
     j["classifier_template"] = classifier_template;
   }
+  int64_t window = 0, d_state = 0, first_sliding = num_hidden_layers;
+  if (!all_full_attention()) {
+    json types = json::array();
+    for (int64_t l = 0; l < num_hidden_layers; ++l) {
+      const LayerSpec s = layer(l);
+      types.push_back(attention_kind_name(s.attention));
+      if (s.attention == AttentionKind::Sliding) window = s.window, first_sliding = std::min(first_sliding, l);
+      if (s.attention == AttentionKind::Linear) d_state = s.d_state;
+    }
+    j["layer_types"] = types;
+    if (window > 0) j["sliding_window"] = window;
+    if (d_state > 0) j["linear_attention_state_size"] = d_state;
+  }
+  if (bos_isolation) j["bos_isolation"] = true;
+  // Every layer sliding with no biases is exactly Mistral: say so, so that transformers applies
+  // the window (LlamaForCausalLM would ignore layer_types and attend to everything).
+  bool all_sliding = !layers.empty();
+  for (const LayerSpec& s : layers) all_sliding = all_sliding && s.attention == AttentionKind::Sliding;
+  if (!qwen && all_sliding && !attention_bias && !has_classifier()) {
+    j["architectures"] = json::array({"MistralForCausalLM"});
+    j["model_type"] = "mistral";
+  }
   if (qwen) {
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = max_position_embeddings;
-    j["max_window_layers"] = num_hidden_layers;
+    j["use_sliding_window"] = window > 0;
+    j["sliding_window"] = window > 0 ? window : max_position_embeddings;
+    j["max_window_layers"] = first_sliding;
   } else {
     j["attention_bias"] = attention_bias;
     j["mlp_bias"] = false;
@@ -315,6 +414,20 @@ void ModelConfig::validate() const {
                "model config: field 'classifier_pooling' is '", classifier_pooling, "'; expected last or mean");
   CORELM_CHECK(pad_token_id >= -1 && pad_token_id < vocab_size, ValueError, "model config: field 'pad_token_id' = ",
                pad_token_id, " is not a token id of the vocabulary (0..", vocab_size - 1, ")");
+  CORELM_CHECK(layers.empty() || static_cast<int64_t>(layers.size()) == num_hidden_layers, ValueError,
+               "model config: ", layers.size(), " layer specs for ", num_hidden_layers, " layers");
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerSpec& s = layers[l];
+    const bool sliding = s.attention == AttentionKind::Sliding, linear = s.attention == AttentionKind::Linear;
+    CORELM_CHECK(sliding ? s.window > 0 && s.window <= kMaxPositions : s.window == 0, ValueError,
+                 "model config: layer ", l, " (", attention_kind_name(s.attention), ") has window ", s.window,
+                 sliding ? "; a sliding layer needs 1.." + std::to_string(kMaxPositions) : "; only sliding layers have one");
+    CORELM_CHECK(linear ? s.d_state > 0 && s.d_state <= kMaxHeadDim : s.d_state == 0, ValueError,
+                 "model config: layer ", l, " (", attention_kind_name(s.attention), ") has d_state ", s.d_state,
+                 linear ? "; a linear layer needs 1.." + std::to_string(kMaxHeadDim) : "; only linear layers have one");
+  }
+  CORELM_CHECK(!bos_isolation || bos_token_id >= 0, ValueError,
+               "model config: bos_isolation needs a bos_token_id (documents are split at BOS)");
   CORELM_CHECK(model_type != "qwen2" || attention_bias, ValueError,
                "model config: qwen2 models have q/k/v biases (attention_bias must be true)");
 }

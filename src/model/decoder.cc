@@ -70,6 +70,12 @@ Decoder::Decoder(ModelConfig config) : config_(std::move(config)) {
     config_.head_dim = config_.hidden_size / config_.num_attention_heads;
   }
   config_.validate();
+  // The per-layer specs parse and round-trip; the sliding-window and linear-attention blocks are
+  // not wired into the decoder yet (issue 17), so refuse rather than compute full attention.
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l)
+    CORELM_CHECK(config_.layer(l).attention == AttentionKind::Full, ValueError, "Decoder: layer ", l, " is ",
+                 attention_kind_name(config_.layer(l).attention),
+                 "; this build's decoder computes full_attention layers only");
   for (auto& [name, shape] : parameter_shapes(config_)) {
     index_[name] = params_.size();
     params_.emplace_back(name, Tensor::zeros(shape));

@@ -173,7 +173,7 @@ TEST(ModelConfig, JsonErrorsNameTheField) {
   expect_error<FormatError>([&] { ModelConfig::from_json(with("rope_scaling", json{{"type", "linear"}})); },
                             "rope_scaling");
   expect_error<FormatError>([&] { ModelConfig::from_json(with("hidden_act", "gelu")); }, "hidden_act");
-  expect_error<FormatError>([&] { ModelConfig::from_json(with("model_type", "mistral")); }, "mistral");
+  expect_error<FormatError>([&] { ModelConfig::from_json(with("model_type", "gemma")); }, "gemma");
   expect_error<FormatError>([&] { ModelConfig::from_json(with("num_local_experts", 8)); }, "num_local_experts");
   expect_error<FormatError>([&] { ModelConfig::from_json(json::array()); }, "object");
   expect_error<ValueError>([&] { ModelConfig::from_json(with("num_key_value_heads", 3)); }, "num_key_value_heads");
