@@ -30,7 +30,8 @@ AttentionKind parse_attention_kind(const std::string& s);  // ValueError naming 
 
 struct LayerSpec {
   AttentionKind attention = AttentionKind::Full;
-  int64_t window = 0;   // Sliding: how many positions a query sees, itself included (> 0)
+  int64_t window = 0;   // Sliding: HF's sliding_window W (> 0); a query sees itself and the W
+                        // positions before it (transformers 4.40 Mistral; ops::sliding_window_attention)
   int64_t d_state = 0;  // Linear: key/query features per head (> 0)
   FfnKind ffn = FfnKind::Dense;
   bool operator==(const LayerSpec&) const = default;
