@@ -12,6 +12,7 @@
 
 #include "command_registry.h"
 #include "corelm/error.h"
+#include "corelm/architecture.h"
 #include "corelm/gguf.h"
 #include "corelm/llama2c.h"
 #include "corelm/safetensors.h"
@@ -134,13 +135,13 @@ ojson inspect(const std::string& path) {
     }
     out["ggml_types"] = per_type;
     try {
-      out["config"] = io::load_gguf_model(file).config;
+      out["config"] = model::load_gguf_model(file).config;
     } catch (const Error& e) {
       out["config_error"] = text(e.what());  // not a Llama/Qwen2 model file (e.g. vocab-only)
     }
   } else {
     auto ck = io::load_llama2c_checkpoint(file);
-    out["config"] = ck.config;
+    out["config"] = model::llama2c_model(ck).config;
     for (const auto& [name, t] : ck.tensors)
       tensors.push_back(tensor_entry(text(name), "f32", t.shape(), static_cast<uint64_t>(t.numel()) * 4, total));
   }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "corelm/architecture.h"
 #include "corelm/error.h"
 #include "corelm/gguf.h"
 #include "fuzz_file.h"
@@ -45,7 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (int64_t d : info.ne) n *= d;
       if (t.numel() != n) std::abort();  // a view or dequantised copy of exactly the declared size
     }
-    corelm::io::load_gguf_model(path);
+    corelm::model::load_gguf_model(path);
   } catch (const corelm::Error&) {
   }
   return 0;

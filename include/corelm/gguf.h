@@ -203,33 +203,7 @@ void dequantize_q8_0(const uint8_t* in, int64_t n, float* y);
 void quantize_q4_0(const float* x, int64_t n, uint8_t* out);
 void dequantize_q4_0(const uint8_t* in, int64_t n, float* y);
 
-// llama.cpp's conventions for Llama/Qwen2 checkpoints, so the io layer can turn a Hugging Face
-// config.json object + HF-named tensors into a GGUF that llama.cpp loads, and back:
-// names model.embed_tokens.weight <-> token_embd.weight, model.norm.weight <-> output_norm.weight,
-// lm_head.weight <-> output.weight, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
-// post_attention_layernorm, mlp.{gate,up,down}_proj} <-> blk.N.{attn_norm, attn_{q,k,v,output},
-// ffn_norm, ffn_{gate,up,down}} (.weight/.bias kept); arch keys llama.* / qwen2.*; and, for
-// llama only, q/k rows permuted per head from HF's rotate-half to the interleaved RoPE pairs
-// llama.cpp applies (qwen2 uses NEOX RoPE in llama.cpp: no permutation).
-std::string gguf_name_from_hf(const std::string& hf_name);  // ValueError for names it does not know
-std::string hf_name_from_gguf(const std::string& gguf_name);
-
-struct GGUFModel {
-  nlohmann::json config;  // HF config.json keys
-  std::vector<std::pair<std::string, Tensor>> tensors;  // HF names, f32, HF (rotate-half) layout
-};
-
-// `weight_type` applies to 2-D tensors whose rows fit its blocks; a row that a k-quant's 256 does
-// not divide falls back to a 32-value type of about as many bits (Q4_K -> Q5_0, Q5_K -> Q5_1,
-// Q6_K -> Q8_0, as llama.cpp's quantizer does), and a row that 32 does not divide to F16.
-// 1-D tensors (norms, biases) are always F32, as llama.cpp does.
-// `extra` metadata (e.g. tokenizer.ggml.*) is appended after the architecture keys.
-void save_gguf_model(const std::string& path, const nlohmann::json& config,
-                     const std::vector<std::pair<std::string, Tensor>>& hf_tensors,
-                     GGMLType weight_type = GGMLType::F32,
-                     const std::vector<std::pair<std::string, GGUFValue>>& extra = {});
-// FormatError naming the file and key/tensor for a missing architecture key, an unsupported
-// architecture, a missing tensor or one whose shape disagrees with the metadata.
-GGUFModel load_gguf_model(const std::string& path);
+// What the tensors of a Llama/Qwen2 GGUF mean (names, architecture keys, the q/k permutation) is
+// the model's business: corelm/architecture.h (model::save_gguf_model, model::load_gguf_model).
 
 }  // namespace corelm::io

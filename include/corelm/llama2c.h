@@ -1,11 +1,10 @@
 // llama2.c interop: the "v0" checkpoint (.bin: 7 x int32 header, then fp32 weights in llama2.c
 // order) and the tokenizer.bin vocabulary (pieces + scores), with run.c's encode/decode rules.
-// The io layer knows nothing of the model: a checkpoint becomes a Hugging Face config.json
-// object plus tensors under HF Llama names, ready for model::ModelConfig::from_json and
-// Decoder::load_parameter.
+// The io layer knows nothing of the model: a checkpoint is its header plus its arrays under
+// llama2.c's own names; model::llama2c_model (corelm/architecture.h) turns them into the
+// decoder's config and parameters.
 #pragma once
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,11 +21,10 @@ struct Llama2cHeader {
 
 struct Llama2cCheckpoint {
   Llama2cHeader header;
-  nlohmann::json config;  // HF config.json keys (model_type llama, rms_norm_eps 1e-5, rope_theta 1e4)
-  // HF names: model.embed_tokens.weight, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
-  // post_attention_layernorm, mlp.{gate,up,down}_proj}.weight, model.norm.weight, lm_head.weight
-  // (untied only). q/k rows are un-permuted from llama2.c's interleaved RoPE pairs (2i, 2i+1) to
-  // HF's rotate-half pairs (i, i + head_dim/2).
+  // llama2.c's TransformerWeights names, in file order: token_embedding_table [V, dim];
+  // rms_att_weight [L, dim]; wq [L, q_dim, dim]; wk, wv [L, kv_dim, dim]; wo [L, dim, q_dim];
+  // rms_ffn_weight [L, dim]; w1, w3 [L, hidden, dim]; w2 [L, dim, hidden]; rms_final_weight [dim];
+  // wcls [V, dim] (separate classifier only). Rows as stored (q/k in interleaved RoPE order).
   std::vector<std::pair<std::string, Tensor>> tensors;
 };
 

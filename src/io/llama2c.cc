@@ -79,21 +79,6 @@ Llama2cHeader parse_header(const std::string& bytes, const std::string& path) {
   return hd;
 }
 
-// llama2.c applies RoPE to adjacent pairs (2i, 2i+1) of each head; HF Llama rotates (i, i+D/2).
-// Reordering each head's output rows to [0, 2, 4, ..., 1, 3, 5, ...] turns one into the other.
-Tensor unpermute_rope_rows(const Tensor& w, int64_t n_heads, int64_t head_dim) {
-  const int64_t in = w.size(1);
-  Tensor out = Tensor::empty({n_heads * head_dim, in});
-  const float* src = w.data<float>();
-  float* dst = out.data<float>();
-  for (int64_t h = 0; h < n_heads; ++h)
-    for (int64_t r = 0; r < head_dim; ++r) {
-      const int64_t src_row = h * head_dim + (r < head_dim / 2 ? 2 * r : 2 * (r - head_dim / 2) + 1);
-      std::memcpy(dst + (h * head_dim + r) * in, src + src_row * in, static_cast<size_t>(in) * sizeof(float));
-    }
-  return out;
-}
-
 }  // namespace
 
 Llama2cHeader read_llama2c_header(const std::string& path) {
@@ -133,56 +118,22 @@ Llama2cCheckpoint load_llama2c_checkpoint(const std::string& path) {
     pos += static_cast<size_t>(count) * 4;
     return t;
   };
-  auto per_layer = [&](Tensor block, int64_t l, const Shape& shape) {
-    int64_t n = 1;
-    for (auto s : shape) n *= s;
-    return block.slice(0, l * n, (l + 1) * n).contiguous().view(shape);
-  };
-
-  Tensor emb = take(vocab * dim).view({vocab, dim});
-  Tensor rms_att = take(layers * dim), wq = take(layers * q_dim * dim), wk = take(layers * kv_dim * dim),
-         wv = take(layers * kv_dim * dim), wo = take(layers * dim * q_dim), rms_ffn = take(layers * dim),
-         w1 = take(layers * hidden * dim), w2 = take(layers * dim * hidden), w3 = take(layers * hidden * dim);
-  Tensor rms_final = take(dim);
-  pos += static_cast<size_t>(rope_tables) * 4;  // legacy freq_cis_real / freq_cis_imag
-  Tensor wcls = hd.shared_classifier ? Tensor() : take(vocab * dim).view({vocab, dim});
-
+  // The arrays in file order under llama2.c's own names (TransformerWeights), per-layer ones
+  // stacked [layers, rows, cols]; what they mean is the model's business (corelm/architecture.h).
   auto& out = ck.tensors;
-  out.emplace_back("model.embed_tokens.weight", emb);
-  for (int64_t l = 0; l < layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    out.emplace_back(p + "input_layernorm.weight", per_layer(rms_att, l, {dim}));
-    out.emplace_back(p + "self_attn.q_proj.weight",
-                     unpermute_rope_rows(per_layer(wq, l, {q_dim, dim}), hd.n_heads, head_dim));
-    out.emplace_back(p + "self_attn.k_proj.weight",
-                     unpermute_rope_rows(per_layer(wk, l, {kv_dim, dim}), hd.n_kv_heads, head_dim));
-    out.emplace_back(p + "self_attn.v_proj.weight", per_layer(wv, l, {kv_dim, dim}));
-    out.emplace_back(p + "self_attn.o_proj.weight", per_layer(wo, l, {dim, q_dim}));
-    out.emplace_back(p + "post_attention_layernorm.weight", per_layer(rms_ffn, l, {dim}));
-    out.emplace_back(p + "mlp.gate_proj.weight", per_layer(w1, l, {hidden, dim}));
-    out.emplace_back(p + "mlp.down_proj.weight", per_layer(w2, l, {dim, hidden}));
-    out.emplace_back(p + "mlp.up_proj.weight", per_layer(w3, l, {hidden, dim}));
-  }
-  out.emplace_back("model.norm.weight", rms_final);
-  if (wcls.defined()) out.emplace_back("lm_head.weight", wcls);
-
-  ck.config = {{"architectures", {"LlamaForCausalLM"}},
-               {"model_type", "llama"},
-               {"vocab_size", vocab},
-               {"hidden_size", dim},
-               {"intermediate_size", hidden},
-               {"num_hidden_layers", layers},
-               {"num_attention_heads", hd.n_heads},
-               {"num_key_value_heads", hd.n_kv_heads},
-               {"head_dim", head_dim},
-               {"max_position_embeddings", hd.seq_len},
-               {"rms_norm_eps", 1e-5},
-               {"rope_theta", 10000.0},
-               {"tie_word_embeddings", hd.shared_classifier},
-               {"attention_bias", false},
-               {"bos_token_id", 1},
-               {"eos_token_id", 2},
-               {"torch_dtype", "float32"}};
+  out.emplace_back("token_embedding_table", take(vocab * dim).view({vocab, dim}));
+  out.emplace_back("rms_att_weight", take(layers * dim).view({layers, dim}));
+  out.emplace_back("wq", take(layers * q_dim * dim).view({layers, q_dim, dim}));
+  out.emplace_back("wk", take(layers * kv_dim * dim).view({layers, kv_dim, dim}));
+  out.emplace_back("wv", take(layers * kv_dim * dim).view({layers, kv_dim, dim}));
+  out.emplace_back("wo", take(layers * dim * q_dim).view({layers, dim, q_dim}));
+  out.emplace_back("rms_ffn_weight", take(layers * dim).view({layers, dim}));
+  out.emplace_back("w1", take(layers * hidden * dim).view({layers, hidden, dim}));
+  out.emplace_back("w2", take(layers * dim * hidden).view({layers, dim, hidden}));
+  out.emplace_back("w3", take(layers * hidden * dim).view({layers, hidden, dim}));
+  out.emplace_back("rms_final_weight", take(dim));
+  pos += static_cast<size_t>(rope_tables) * 4;  // legacy freq_cis_real / freq_cis_imag
+  if (!hd.shared_classifier) out.emplace_back("wcls", take(vocab * dim).view({vocab, dim}));
   return ck;
 }
 

@@ -1,69 +1,23 @@
-// HF <-> llama.cpp mapping for Llama/Qwen2 GGUF files: tensor names, architecture metadata and
-// the q/k row permutation (see gguf.h).
+// Llama/Qwen2 models as llama.cpp GGUF files: architecture metadata <-> config.json keys, the
+// tensor names from the architecture name table (arch_names.cc) and the q/k row permutation (see
+// corelm/architecture.h). The io layer underneath only reads and writes named tensors.
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <regex>
 
+#include "corelm/architecture.h"
 #include "corelm/error.h"
 #include "corelm/gguf.h"
 #include "corelm/utf8.h"
 
-namespace corelm::io {
+namespace corelm::model {
 
-namespace {
-
-const std::vector<std::pair<std::string, std::string>>& layer_names() {
-  static const std::vector<std::pair<std::string, std::string>> m = {
-      {"input_layernorm", "attn_norm"},       {"self_attn.q_proj", "attn_q"},
-      {"self_attn.k_proj", "attn_k"},         {"self_attn.v_proj", "attn_v"},
-      {"self_attn.o_proj", "attn_output"},    {"post_attention_layernorm", "ffn_norm"},
-      {"mlp.gate_proj", "ffn_gate"},          {"mlp.up_proj", "ffn_up"},
-      {"mlp.down_proj", "ffn_down"}};
-  return m;
-}
-
-// to_interleaved: HF rotate-half rows (h, i) -> (i, h) within each head (llama.cpp's layout);
-// otherwise the inverse. Works for weights [rows, in] and biases [rows].
-Tensor permute_rows(const Tensor& w, int64_t n_heads, bool to_interleaved) {
-  Tensor src = w.to(DType::F32).contiguous();
-  const int64_t rows = src.size(0), width = src.numel() / rows, hd = rows / n_heads;
-  Tensor out = Tensor::empty(src.shape());
-  for (int64_t h = 0; h < n_heads; ++h)
-    for (int64_t r = 0; r < hd; ++r) {
-      const int64_t inter = r < hd / 2 ? 2 * r : 2 * (r - hd / 2) + 1;  // rotate-half row r -> interleaved row
-      const int64_t s = to_interleaved ? r : inter, d = to_interleaved ? inter : r;
-      std::memcpy(out.data<float>() + (h * hd + d) * width, src.data<float>() + (h * hd + s) * width,
-                  static_cast<size_t>(width) * sizeof(float));
-    }
-  return out;
-}
-
-}  // namespace
-
-std::string gguf_name_from_hf(const std::string& hf) {
-  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
-  if (hf == "model.norm.weight") return "output_norm.weight";
-  if (hf == "lm_head.weight") return "output.weight";
-  static const std::regex re(R"(model\.layers\.(\d+)\.(.+)\.(weight|bias))");
-  std::smatch m;
-  if (std::regex_match(hf, m, re))
-    for (const auto& [h, g] : layer_names())
-      if (m[2] == h) return "blk." + m[1].str() + "." + g + "." + m[3].str();
-  throw ValueError("gguf: no llama.cpp name for tensor '" + hf + "'");
-}
-
-std::string hf_name_from_gguf(const std::string& g) {
-  if (g == "token_embd.weight") return "model.embed_tokens.weight";
-  if (g == "output_norm.weight") return "model.norm.weight";
-  if (g == "output.weight") return "lm_head.weight";
-  static const std::regex re(R"(blk\.(\d+)\.(.+)\.(weight|bias))");
-  std::smatch m;
-  if (std::regex_match(g, m, re))
-    for (const auto& [h, gg] : layer_names())
-      if (m[2] == gg) return "model.layers." + m[1].str() + "." + h + "." + m[3].str();
-  throw ValueError("gguf: no Hugging Face name for tensor '" + g + "'");
-}
+using io::GGMLType;
+using io::GGUFFile;
+using io::GGUFType;
+using io::GGUFValue;
+using io::GGUFWriteTensor;
 
 namespace {
 // llama.cpp's general.file_type ("mostly X"; informational): its LLAMA_FTYPE numbers. A file whose
@@ -134,13 +88,13 @@ void save_gguf_model(const std::string& path, const nlohmann::json& c,
     Tensor v = t;
     const bool q = name.find("self_attn.q_proj.") != std::string::npos;
     const bool k = name.find("self_attn.k_proj.") != std::string::npos;
-    if (arch == "llama" && (q || k)) v = permute_rows(v, q ? heads : kv_heads, /*to_interleaved=*/true);
+    if (arch == "llama" && (q || k)) v = permute_rope_rows(v, q ? heads : kv_heads, /*to_interleaved=*/true);
     GGMLType type = v.dim() == 1 ? GGMLType::F32 : weight_type;
-    if (v.size(-1) % ggml_block_size(type) != 0) type = row_fallback(type);
-    if (v.size(-1) % ggml_block_size(type) != 0) type = GGMLType::F16;
+    if (v.size(-1) % io::ggml_block_size(type) != 0) type = row_fallback(type);
+    if (v.size(-1) % io::ggml_block_size(type) != 0) type = GGMLType::F16;
     out.push_back({gguf_name_from_hf(name), v, type});
   }
-  save_gguf(path, kv, out);
+  io::save_gguf(path, kv, out);
 }
 
 GGUFModel load_gguf_model(const std::string& path) {
@@ -213,7 +167,7 @@ GGUFModel load_gguf_model(const std::string& path) {
     Tensor v = it->second;
     const bool q = hf.find("self_attn.q_proj.") != std::string::npos;
     const bool k = hf.find("self_attn.k_proj.") != std::string::npos;
-    if (arch == "llama" && (q || k)) v = permute_rows(v, q ? heads : kv_heads, /*to_interleaved=*/false);
+    if (arch == "llama" && (q || k)) v = permute_rope_rows(v, q ? heads : kv_heads, /*to_interleaved=*/false);
     m.tensors.emplace_back(hf, v);
     by_name.erase(it);
   };
@@ -263,4 +217,4 @@ GGUFModel load_gguf_model(const std::string& path) {
   return m;
 }
 
-}  // namespace corelm::io
+}  // namespace corelm::model

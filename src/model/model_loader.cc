@@ -20,6 +20,7 @@
 
 #include "corelm/error.h"
 #include "corelm/finite.h"
+#include "corelm/architecture.h"
 #include "corelm/llama2c.h"
 #include "corelm/safetensors.h"
 #include "model/model_loader_internal.h"
@@ -581,7 +582,7 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
     const fs::path template_file = dir / "chat_template.jinja";
     if (fs::exists(template_file)) ck.chat_template = read_text_file(template_file.string(), kMaxTemplateBytes);
   } else if (ck.format == "gguf") {
-    io::GGUFModel g = io::load_gguf_model(path);
+    GGUFModel g = load_gguf_model(path);
     raw.source = raw.config_source = path;
     raw.config = std::move(g.config);
     raw.tensors = std::move(g.tensors);
@@ -589,9 +590,9 @@ static Checkpoint load_model_unchecked(const std::string& path, const LoadOption
     if (o.tokenizer_path.empty()) tokenizer = gguf_tokenizer(f, ck.tokenizer_source);
     if (const io::GGUFValue* t = f.find("tokenizer.chat_template")) ck.chat_template = t->as_string();
   } else {
-    io::Llama2cCheckpoint c = [&] {
+    Llama2cModel c = [&] {
       try {
-        return io::load_llama2c_checkpoint(path);
+        return load_llama2c_model(path);
       } catch (const FormatError& e) {
         throw FormatError(std::string(e.what()) + " (read as llama2.c: the file has neither the GGUF magic nor a "
                                                   "safetensors header)");

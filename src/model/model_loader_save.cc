@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "corelm/architecture.h"
 #include "corelm/error.h"
 #include "corelm/model_loader.h"
 #include "corelm/safetensors.h"
@@ -212,7 +213,7 @@ void write_gguf(const Checkpoint& ck, const std::string& path, const SaveOptions
   if (!ck.chat_template.empty()) extra.push_back({"tokenizer.chat_template", io::GGUFValue::of_string(ck.chat_template)});
   s.tensors = static_cast<int64_t>(d.named_parameters().size());
   if (o.progress) o.progress("writing " + path + " (" + std::to_string(s.tensors) + " tensors, " + o.dtype + ")");
-  io::save_gguf_model(path, d.config().to_json(), d.named_parameters(), type, extra);
+  save_gguf_model(path, d.config().to_json(), d.named_parameters(), type, extra);
   s.files.push_back(path);
   s.bytes = static_cast<int64_t>(fs::file_size(path));
 }

@@ -21,7 +21,7 @@ import sys
 
 # Who owns each public header: the component whose sources define what it declares.
 HEADER_OWNER = {
-    "autocast.h": "ops", "autograd.h": "autograd", "bench_matrix.h": "infer", "c_api.h": "capi",
+    "architecture.h": "model", "autocast.h": "ops", "autograd.h": "autograd", "bench_matrix.h": "infer", "c_api.h": "capi",
     "chat_template.h": "infer",
     "constraint.h": "infer", "corpus_build.h": "pipeline", "device.h": "core", "dtype.h": "core",
     "durable.h": "core", "error.h": "core", "eval_task.h": "pipeline", "finite.h": "core",

@@ -12,6 +12,7 @@
 
 #include "common/cli_runner.h"
 #include "common/process_limits.h"
+#include "corelm/architecture.h"
 #include "corelm/gguf.h"
 #include "corelm/random.h"
 #include "corelm/tensor.h"
@@ -70,7 +71,7 @@ void write_tiny_model(const std::string& path, const GgufBpeVocab& vocab,
       {"model.norm.weight", Tensor::ones({H})}};
   KV extra = bpe_metadata(vocab);
   edit(extra);
-  io::save_gguf_model(path, config, tensors, io::GGMLType::F32, extra);
+  model::save_gguf_model(path, config, tensors, io::GGMLType::F32, extra);
 }
 
 // The single-byte tokens SmolLM2-135M's vocabulary lacks.

@@ -22,6 +22,7 @@
 
 #include "common/cli_runner.h"
 #include "common/process_limits.h"
+#include "corelm/architecture.h"
 #include "corelm/error.h"
 #include "corelm/finite.h"
 #include "corelm/gguf.h"
@@ -299,7 +300,7 @@ TEST_F(ModelFaults, TokenIdsAreRangeCheckedInEveryFormat) {
   ASSERT_FALSE(meta.empty());
   for (auto& [k, v] : meta)
     if (k == "tokenizer.ggml.eos_token_id") v = io::GGUFValue::of(io::GGUFType::Uint64, uint64_t{1} << 40 | 5);
-  io::save_gguf_model(d / "eos.gguf", ck.model.decoder.config().to_json(), ck.model.decoder.named_parameters(),
+  model::save_gguf_model(d / "eos.gguf", ck.model.decoder.config().to_json(), ck.model.decoder.named_parameters(),
                       io::GGMLType::F32, meta);
   try {
     model::load_model(d / "eos.gguf");
@@ -365,7 +366,7 @@ TEST_F(ModelFaults, NonFiniteWeightsAreRefusedInEveryFormat) {
   ASSERT_GT(s.files.size(), 4u);
   expect_non_finite_error([&] { model::load_model(d / "sharded"); }, victim, "sharded");
   expect_non_finite_error([&] { model::load_model(d / "sharded"); }, "-of-", "sharded (shard name)");
-  io::save_gguf_model(d / "nan.gguf", ck.model.decoder.config().to_json(), ck.model.decoder.named_parameters());
+  model::save_gguf_model(d / "nan.gguf", ck.model.decoder.config().to_json(), ck.model.decoder.named_parameters());
   expect_non_finite_error([&] { model::load_model(d / "nan.gguf", with_tok); }, victim, "gguf");
 }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/tensor_factories.h"
+#include "corelm/architecture.h"
 #include "corelm/chat_template.h"
 #include "corelm/error.h"
 #include "corelm/gguf.h"
@@ -150,7 +151,7 @@ TEST(ChatTemplateLoad, MalformedFieldsAreFormatErrorsNamingTheField) {
 TEST(ChatTemplateLoad, GgufTemplateOfTheWrongTypeIsAFormatError) {
   Scratch s;
   const Checkpoint hf = model::load_model(model_folder(s, nullptr));
-  io::save_gguf_model(s / "bad.gguf", hf.model.decoder.config().to_json(), hf.model.decoder.named_parameters(),
+  model::save_gguf_model(s / "bad.gguf", hf.model.decoder.config().to_json(), hf.model.decoder.named_parameters(),
                       io::GGMLType::F32, {{"tokenizer.chat_template", io::GGUFValue::of(io::GGUFType::Uint32, 7)}});
   try {
     model::load_model(s / "bad.gguf", {true, "", "f32", false});

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "corelm/architecture.h"
 #include "corelm/autograd.h"
 #include "corelm/gguf.h"
 #include "corelm/llama2c.h"
@@ -37,11 +38,11 @@ class Stories260K : public ::testing::Test {
   void SetUp() override {
     if (!fs::exists(kModelDir / "stories260K.bin") || !fs::exists(kModelDir / "tok512.bin"))
       GTEST_SKIP() << "stories260K not found under " << kModelDir.string() << " (shared data set absent)";
-    auto ck = io::load_llama2c_checkpoint((kModelDir / "stories260K.bin").string());
+    auto ck = model::load_llama2c_model((kModelDir / "stories260K.bin").string());
     decoder_ = std::make_unique<model::Decoder>(model::ModelConfig::from_json(ck.config, "stories260K.bin"));
     for (auto& [name, t] : ck.tensors) decoder_->load_parameter(name, t);
     tok_ = std::make_unique<io::Llama2cTokenizer>(
-        io::Llama2cTokenizer::load((kModelDir / "tok512.bin").string(), ck.header.vocab_size));
+        io::Llama2cTokenizer::load((kModelDir / "tok512.bin").string(), ck.config.at("vocab_size").get<int64_t>()));
   }
   static int64_t argmax(const float* p, int64_t n) {
     int64_t best = 0;
@@ -78,7 +79,7 @@ TEST_F(Stories260K, LogitsMatchRunC) {
 // logits; Q8_0 (only the rows of 32: embeddings, q/k/v/o, gate/up; down_proj falls back to F16)
 // stays close.
 TEST_F(Stories260K, GgufRoundTripKeepsTheLogits) {
-  auto ck = io::load_llama2c_checkpoint((kModelDir / "stories260K.bin").string());
+  auto ck = model::load_llama2c_model((kModelDir / "stories260K.bin").string());
   const auto ref = nlohmann::json::parse(slurp(kModelDir / "reference_logits_greedy32.json"));
   const auto input = ref.at("input_tokens").get<std::vector<int64_t>>();
   const fs::path tmp = fs::temp_directory_path() / ("corelm_s260k_" + std::to_string(::getpid()));
@@ -87,8 +88,8 @@ TEST_F(Stories260K, GgufRoundTripKeepsTheLogits) {
   Tensor direct = decoder_->forward(Tensor::from_vector(input, {1, 32})).contiguous();
   for (auto type : {io::GGMLType::F32, io::GGMLType::Q8_0}) {
     const std::string path = (tmp / "m.gguf").string();
-    io::save_gguf_model(path, ck.config, ck.tensors, type, tok_->gguf_metadata());
-    auto g = io::load_gguf_model(path);
+    model::save_gguf_model(path, ck.config, ck.tensors, type, tok_->gguf_metadata());
+    auto g = model::load_gguf_model(path);
     EXPECT_EQ(io::GGUFFile::open(path).at("tokenizer.ggml.tokens").array.size(), 512u);
     EXPECT_EQ(g.config.at("bos_token_id"), 1);
     model::Decoder d(model::ModelConfig::from_json(g.config, path));

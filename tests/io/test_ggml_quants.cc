@@ -1,6 +1,5 @@
 // ggml block types beyond Q8_0/Q4_0 (src/io/ggml_quants.h): the geometry table, the
-// quantise -> dequantise error of every type corelm writes, the fallback of rows a k-quant cannot
-// hold, and malformed tensors of the new types (each error naming the file and the tensor).
+// quantise -> dequantise error of every type corelm writes, and malformed tensors of the new types (each error naming the file and the tensor).
 // Bit-exactness of every decoder against the `gguf` package is tests/oracle/test_gguf_quants_oracle.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -127,39 +126,6 @@ TEST(GGMLQuantsBlocks, EncodersAreDeterministicAndStableOnTheirGrid) {
     double e1 = 0, e2 = 0;
     for (int i = 0; i < 512; ++i) e1 += std::abs(y[i] - x[i]), e2 += std::abs(z[i] - y[i]);
     EXPECT_LE(e2, e1 * 0.5) << q.name << ": re-encoding decoded values should be nearly lossless";
-  }
-}
-
-TEST_F(GGMLQuants, KQuantRowsThatDoNotFitFallBack) {
-  // hidden 64: the k-quants' 256-value blocks do not divide the rows; ffn_down's rows of 256 do.
-  nlohmann::json c = {{"model_type", "llama"}, {"vocab_size", 8}, {"hidden_size", 64}, {"intermediate_size", 256},
-                      {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"num_key_value_heads", 2},
-                      {"max_position_embeddings", 16}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
-                      {"tie_word_embeddings", true}};
-  Generator gen(1);
-  std::vector<std::pair<std::string, Tensor>> ts = {
-      {"model.embed_tokens.weight", Tensor::randn({8, 64}, gen)},
-      {"model.layers.0.input_layernorm.weight", Tensor::randn({64}, gen)},
-      {"model.layers.0.self_attn.q_proj.weight", Tensor::randn({64, 64}, gen)},
-      {"model.layers.0.self_attn.k_proj.weight", Tensor::randn({64, 64}, gen)},
-      {"model.layers.0.self_attn.v_proj.weight", Tensor::randn({64, 64}, gen)},
-      {"model.layers.0.self_attn.o_proj.weight", Tensor::randn({64, 64}, gen)},
-      {"model.layers.0.post_attention_layernorm.weight", Tensor::randn({64}, gen)},
-      {"model.layers.0.mlp.gate_proj.weight", Tensor::randn({256, 64}, gen)},
-      {"model.layers.0.mlp.up_proj.weight", Tensor::randn({256, 64}, gen)},
-      {"model.layers.0.mlp.down_proj.weight", Tensor::randn({64, 256}, gen)},
-      {"model.norm.weight", Tensor::randn({64}, gen)}};
-  const std::pair<GGMLType, GGMLType> expect[] = {
-      {GGMLType::Q4_K, GGMLType::Q5_0}, {GGMLType::Q5_K, GGMLType::Q5_1}, {GGMLType::Q6_K, GGMLType::Q8_0}};
-  for (const auto& [k, fallback] : expect) {
-    save_gguf_model(path("m.gguf"), c, ts, k);
-    auto f = GGUFFile::open(path("m.gguf"));
-    EXPECT_EQ(f.info("blk.0.ffn_down.weight").type, k);
-    EXPECT_EQ(f.info("blk.0.attn_q.weight").type, fallback) << ggml_type_name(k);
-    EXPECT_EQ(f.info("token_embd.weight").type, fallback) << ggml_type_name(k);
-    EXPECT_EQ(f.info("output_norm.weight").type, GGMLType::F32);
-    auto m = load_gguf_model(path("m.gguf"));  // and it loads back
-    EXPECT_EQ(m.tensors.size(), ts.size());
   }
 }
 
