@@ -295,8 +295,10 @@ std::vector<float> query_row(const std::vector<float>& q, int64_t Hq, int64_t T,
 // Decodes positions 0..T-1 in chunks of `chunk` queries over a ring of `ring` slots (keys written
 // at slot p % ring before the chunk attends) and checks every row against the op on the whole
 // sequence. doc_start_of(p) gives the first position of p's document.
-void check_ring_decode(int64_t W, int64_t ring, int64_t chunk, const std::vector<int64_t>& doc_lengths) {
-  const int64_t T = 100, Hq = 2, Hkv = 1, D = 8;
+// Returns the decoded outputs [T, Hq, D] so callers can compare runs bit for bit.
+std::vector<float> check_ring_decode(int64_t W, int64_t ring, int64_t chunk, const std::vector<int64_t>& doc_lengths,
+                                     int64_t Hq = 2, int64_t Hkv = 1) {
+  const int64_t T = 100, D = 8;
   const Tensor q = random_tensor({1, Hq, T, D}, 90), k = random_tensor({1, Hkv, T, D}, 91),
                v = random_tensor({1, Hkv, T, D}, 92);
   const Tensor docs = doc_lengths.empty() ? Tensor() : doc_ids_from_lengths({doc_lengths});
@@ -316,6 +318,7 @@ void check_ring_decode(int64_t W, int64_t ring, int64_t chunk, const std::vector
   shape.window = W;
   shape.scale = 1.0f / std::sqrt(static_cast<float>(D));
   double worst = 0.0;
+  std::vector<float> decoded;
   for (int64_t start = 0; start < T;) {
     // A chunk never crosses a document start: decode starts each document afresh.
     int64_t n = std::min(chunk, T - start);
@@ -336,11 +339,13 @@ void check_ring_decode(int64_t W, int64_t ring, int64_t chunk, const std::vector
       for (int64_t h = 0; h < Hq; ++h)
         for (int64_t i = 0; i < D; ++i)
           worst = std::max(worst, std::fabs(double(out[((p - start) * Hq + h) * D + i]) - want[(h * T + p) * D + i]));
+    decoded.insert(decoded.end(), out.begin(), out.end());
     start += n;
   }
-  std::printf("[ring decode] W=%lld ring=%lld chunk=%lld docs=%zu max_abs=%.3g\n", (long long)W, (long long)ring,
-              (long long)chunk, doc_lengths.size(), worst);
+  std::printf("[ring decode] W=%lld ring=%lld chunk=%lld docs=%zu Hq=%lld Hkv=%lld max_abs=%.3g\n", (long long)W,
+              (long long)ring, (long long)chunk, doc_lengths.size(), (long long)Hq, (long long)Hkv, worst);
   EXPECT_LE(worst, 1e-5);
+  return decoded;
 }
 
 TEST(SlidingRingDecode, TokenByTokenEqualsTheOp) {
@@ -351,7 +356,17 @@ TEST(SlidingRingDecode, TokenByTokenEqualsTheOp) {
     check_ring_decode(16, 23, 1, {});   // a ring larger than needed (slots wrap at other places)
     check_ring_decode(16, 20, 4, {});   // chunks of 4 queries need W + 4 slots
     check_ring_decode(16, 17, 1, {30, 1, 45, 24});  // bos isolation: documents restart the window
+    check_ring_decode(16, 19, 3, {}, 4, 2);          // GQA with two kv heads
   }
+}
+
+TEST(SlidingRingDecode, IndependentOfThreads) {
+  set_num_threads(1);
+  const std::vector<float> one = check_ring_decode(16, 20, 4, {50, 50}, 4, 2);
+  set_num_threads(2);
+  const std::vector<float> two = check_ring_decode(16, 20, 4, {50, 50}, 4, 2);
+  set_num_threads(1);
+  EXPECT_EQ(one, two);
 }
 
 TEST(SlidingRingDecode, RejectsARingTooSmall) {
