@@ -82,6 +82,22 @@ Tensor rope(const Tensor& x, float theta, int64_t position_offset = 0);
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                         std::optional<float> scale = std::nullopt);
 
+// ---- sliding-window attention (src/ops/sliding_attention.cc) ----
+// Causal attention restricted to a window, with optional document isolation. Layouts, GQA mapping
+// and positions as causal_attention (query t at absolute position S - T + t). The query at
+// position i sees key j iff
+//   j <= i,  and  i - j <= window when window > 0  (window <= 0: unbounded, plain causal),
+//   and doc_ids[j] == doc_ids[i] when doc_ids is given.
+// So a window W admits W + 1 keys counting the query's own: the convention of transformers 4.40.2
+// Mistral (modeling_attn_mask_utils masks keys with i - j > sliding_window), which
+// tests/oracle/test_sliding_attention_oracle.cc checks against transformers itself.
+// doc_ids: i32/i64 [B, S], non-decreasing along each row (a document index per key position; the
+// queries use the last T); packed documents never see each other, a query always sees itself.
+// The fast path saves only the probabilities of a band of keys per query row (memory
+// O(T * (W + 64)), not O(T * S)). Returns [B, Hq, T, D]; backward gives q, k and v gradients.
+Tensor sliding_window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t window,
+                                const Tensor& doc_ids = Tensor(), std::optional<float> scale = std::nullopt);
+
 // ---- losses (src/ops/loss.cc) ----
 // logits [N, V] f32, targets [N] i32/i64; mean NLL over targets != ignore_index (0 if none).
 // A target outside [0, V) that is not ignore_index -> IndexError.
