@@ -73,6 +73,7 @@ TEST(LinearAttentionForms, ChunkedEqualsRecurrence) {
       {"t_is_1", 2, 3, 1, 1, 8, 8, 64, Decay::Mixed, {}, true, 0.5f},
       {"chunk_1", 1, 2, 1, 23, 8, 16, 1, Decay::Mixed, {7}, true, 1.0f},
       {"odd_widths", 1, 4, 2, 77, 13, 5, 16, Decay::Mixed, {}, true, 0.25f},
+      {"chunk_40_partial_sub_block", 1, 4, 2, 123, 13, 5, 40, Decay::Mixed, {20, 43, 90}, true, 0.25f},
       {"decay_near_0", 1, 2, 1, 200, 32, 32, 64, Decay::NearZero, {}, true, 1.0f},
       {"decay_near_minus_20", 1, 2, 1, 130, 32, 32, 64, Decay::NearMinus20, {}, true, 1.0f},
       {"resets_inside_and_on_chunks", 2, 2, 1, 200, 16, 16, 64, Decay::Mixed, {5, 37, 64, 100, 101, 190}, true, 1.0f},

@@ -15,6 +15,11 @@ namespace {
 // compiler vectorises at the baseline ISA; the tail computes the same expression one at a time.
 constexpr int64_t kBlock = 8;
 
+// Sub-blocks of query rows inside a chunk. Pairs inside one sub-block are computed directly; a
+// sub-block starting at p reaches the keys j < p through one GEMM after splitting the decay at p:
+// W[i - j] = W[i - p] · W[p - j], both exponents ≤ 0.
+constexpr int64_t kSub = kLinearAttentionSubBlock;
+
 // y[i] += a * x[i] * z[i]
 inline void add_scaled_product(float* __restrict y, float a, const float* __restrict x, const float* __restrict z,
                                int64_t n) {
@@ -22,6 +27,19 @@ inline void add_scaled_product(float* __restrict y, float a, const float* __rest
   for (; i + kBlock <= n; i += kBlock)
     for (int64_t u = 0; u < kBlock; ++u) y[i + u] += a * x[i + u] * z[i + u];
   for (; i < n; ++i) y[i] += a * x[i] * z[i];
+}
+
+// Σ_i x[i] y[i] z[i], summed as kBlock interleaved partial sums added in a fixed order at the end
+// (the same order for every call of the same n).
+inline float dot3(const float* __restrict x, const float* __restrict y, const float* __restrict z, int64_t n) {
+  float acc[kBlock] = {};
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t u = 0; u < kBlock; ++u) acc[u] += x[i + u] * y[i + u] * z[i + u];
+  float total = 0.0f;
+  for (; i < n; ++i) total += x[i] * y[i] * z[i];
+  for (int64_t u = 0; u < kBlock; ++u) total += acc[u];
+  return total;
 }
 
 // y[i] += a * x[i]
@@ -75,52 +93,69 @@ Chunk chunk_at(const uint8_t* reset_row, int64_t t0, int64_t len, int64_t* doc_s
 struct Scratch {
   int64_t C, ds, dv;
   std::vector<float> W;      // [C + 1, d_s]: W[d][c] = exp(d · a_c)
-  std::vector<float> Wrev;   // [d_s, C]: Wrev[c][m] = W[C - 1 - m][c], so W[i - j][c] is contiguous in j
-  std::vector<float> Kt;     // [d_s, C]: the chunk's keys, transposed
   std::vector<float> A, dA;  // [C, C]
   std::vector<float> rows, rows2, tmp;  // [C, d_s]
   std::vector<float> S, G, Gn;          // [d_s, d_v]
   std::vector<float> kw, da_chunk;      // [d_s]
+  std::vector<float> qhat, dqhat;       // [kSub, d_s]: one sub-block's queries scaled to its start
+  std::vector<float> khat, dkhat;       // [C, d_s]: the keys before it, scaled to the same point
   std::vector<int64_t> doc_start;       // [C]
   Scratch(int64_t chunk, int64_t state_dim, int64_t value_dim)
-      : C(chunk), ds(state_dim), dv(value_dim), W((chunk + 1) * state_dim), Wrev(state_dim * chunk),
-        Kt(state_dim * chunk), A(chunk * chunk), dA(chunk * chunk), rows(chunk * state_dim),
-        rows2(chunk * state_dim), tmp(chunk * state_dim), S(state_dim * value_dim), G(state_dim * value_dim),
-        Gn(state_dim * value_dim), kw(state_dim), da_chunk(state_dim), doc_start(chunk) {}
+      : C(chunk), ds(state_dim), dv(value_dim), W((chunk + 1) * state_dim), A(chunk * chunk), dA(chunk * chunk),
+        rows(chunk * state_dim), rows2(chunk * state_dim), tmp(chunk * state_dim), S(state_dim * value_dim), G(state_dim * value_dim),
+        Gn(state_dim * value_dim), kw(state_dim), da_chunk(state_dim), qhat(kSub * state_dim),
+        dqhat(kSub * state_dim), khat(chunk * state_dim), dkhat(chunk * state_dim), doc_start(chunk) {}
 
   void set_decay(const float* a) {
     for (int64_t d = 0; d <= C; ++d)
       for (int64_t c = 0; c < ds; ++c) W[d * ds + c] = std::exp(static_cast<float>(d) * a[c]);
-    for (int64_t c = 0; c < ds; ++c)
-      for (int64_t m = 0; m < C; ++m) Wrev[c * C + m] = W[(C - 1 - m) * ds + c];
   }
   const float* w(int64_t d) const { return W.data() + d * ds; }
-
-  void load_keys(const float* k, const Chunk& ch) {
-    for (int64_t i = 0; i < ch.len; ++i)
-      for (int64_t c = 0; c < ds; ++c) Kt[c * C + i] = k[(ch.t0 + i) * ds + c];
-  }
 };
 
-// A[i][j] = Σ_c q_i[c] k_j[c] W[i - j][c] for the pairs one document apart at most, zeros elsewhere
-// (rows [0, len) of the chunk, columns [0, len)). Accumulates over c in order for every element.
-void pair_scores(const float* q, const Chunk& ch, Scratch& s) {
-  const int64_t C = s.C, ds = s.ds;
-  for (int64_t i = 0; i < ch.len; ++i) {
-    float* row = s.A.data() + i * C;
-    std::fill(row, row + ch.len, 0.0f);
-    const int64_t j0 = s.doc_start[i], n = i - j0 + 1;
-    const float* qi = q + (ch.t0 + i) * ds;
-    for (int64_t c = 0; c < ds; ++c)
-      add_scaled_product(row + j0, qi[c], s.Kt.data() + c * C + j0, s.Wrev.data() + c * C + (C - 1 - i) + j0, n);
-  }
+// Rows [p, end) of a chunk; its first `rows` rows (those before any reset inside it) see the keys
+// [jlo, p) of their document before p. rows = 0: no key before p is visible.
+struct SubBlock {
+  int64_t p = 0, end = 0, rows = 0, jlo = 0;
+  int64_t keys() const { return p - jlo; }
+};
+
+SubBlock sub_block(const Chunk& ch, const std::vector<int64_t>& doc_start, int64_t p) {
+  SubBlock sb{p, std::min(p + kSub, ch.len), 0, p};
+  if (p == 0 || doc_start[p] >= p) return sb;
+  sb.jlo = doc_start[p];
+  while (p + sb.rows < sb.end && doc_start[p + sb.rows] < p) ++sb.rows;
+  return sb;
 }
 
-struct RowPtrs {
-  const float* k;
-  const float* v;
-  int64_t q_stride, o_stride;  // between the query heads of one row: T · d_s, T · d_v
-};
+// qhat[r] = q_{p+r} ⊙ W[r] for r < rows, khat[j - jlo] = k_j ⊙ W[p - j] for j in [jlo, p).
+void load_hats(const float* q, const float* k, const Chunk& ch, const SubBlock& sb, Scratch& s) {
+  const int64_t ds = s.ds;
+  for (int64_t r = 0; r < sb.rows; ++r) product(s.qhat.data() + r * ds, q + (ch.t0 + sb.p + r) * ds, s.w(r), ds);
+  for (int64_t j = sb.jlo; j < sb.p; ++j)
+    product(s.khat.data() + (j - sb.jlo) * ds, k + (ch.t0 + j) * ds, s.w(sb.p - j), ds);
+}
+
+// A[i][j] = Σ_c q_i[c] k_j[c] W[i - j][c] for the pairs of one document, zeros elsewhere (rows and
+// columns [0, len) of the chunk): a GEMM per sub-block for the keys before it, short loops over
+// the pairs inside it (one three-way dot product each).
+void pair_scores(const float* q, const float* k, const Chunk& ch, Scratch& s) {
+  const int64_t C = s.C, ds = s.ds;
+  for (int64_t i = 0; i < ch.len; ++i) std::fill(s.A.data() + i * C, s.A.data() + i * C + ch.len, 0.0f);
+  for (int64_t p = 0; p < ch.len; p += kSub) {
+    const SubBlock sb = sub_block(ch, s.doc_start, p);
+    if (sb.rows > 0) {
+      load_hats(q, k, ch, sb, s);
+      gemm_f32(false, true, sb.rows, sb.keys(), ds, 1.0f, s.qhat.data(), ds, s.khat.data(), ds, 0.0f,
+               s.A.data() + p * C + sb.jlo, C);
+    }
+    for (int64_t i = p; i < sb.end; ++i) {
+      const float* qi = q + (ch.t0 + i) * ds;
+      for (int64_t j = std::max(s.doc_start[i], p); j <= i; ++j)
+        s.A[i * C + j] = dot3(qi, k + (ch.t0 + j) * ds, s.w(i - j), ds);
+    }
+  }
+}
 
 }  // namespace
 
@@ -148,11 +183,10 @@ void linear_attention_forward(const float* q, const float* k, const float* v, co
         const int64_t t0 = n * C;
         const Chunk ch = chunk_at(reset_row, t0, std::min(C, T - t0), s.doc_start.data());
         if (chunk_states != nullptr) std::memcpy(chunk_states + (bg * n_chunks + n) * ds * dv, S, ds * dv * sizeof(float));
-        s.load_keys(kr, ch);
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           const float* qh = q + (b * dims.q_heads + h) * T * ds;
           float* oh = out + ((b * dims.q_heads + h) * T + t0) * dv;
-          pair_scores(qh, ch, s);
+          pair_scores(qh, kr, ch, s);
           gemm_f32(false, false, ch.len, dv, ch.len, scale, s.A.data(), C, vr + t0 * dv, dv, 0.0f, oh, dv);
           if (ch.carry_rows > 0 && !state_zero) {
             float* qhat = s.rows.data();  // q_t ⊙ W[t - t0 + 1]
@@ -211,7 +245,6 @@ void linear_attention_backward(const float* q, const float* k, const float* v, c
         const int64_t t0 = n * C;
         const Chunk ch = chunk_at(reset_row, t0, std::min(C, T - t0), s.doc_start.data());
         const float* Sprev = chunk_states + (bg * n_chunks + n) * ds * dv;
-        s.load_keys(kr, ch);
         std::fill(s.Gn.begin(), s.Gn.end(), 0.0f);
         std::fill(s.da_chunk.begin(), s.da_chunk.end(), 0.0f);
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -219,20 +252,42 @@ void linear_attention_backward(const float* q, const float* k, const float* v, c
           const float* go = grad_out + ((b * dims.q_heads + h) * T + t0) * dv;
           // dA[i][j] = scale dO_i · v_j; dv_j += scale Σ_i A[i][j] dO_i.
           gemm_f32(false, true, ch.len, ch.len, dv, scale, go, dv, vr + t0 * dv, dv, 0.0f, s.dA.data(), C);
-          pair_scores(qh, ch, s);
+          pair_scores(qh, kr, ch, s);
           gemm_f32(true, false, ch.len, dv, ch.len, scale, s.A.data(), C, go, dv, 1.0f, gv + t0 * dv, dv);
-          // Through A: dq_i += dA_ij k_j ⊙ W[i-j], dk_j += dA_ij q_i ⊙ W[i-j], da += (i-j) dA_ij q_i ⊙ k_j ⊙ W[i-j].
+          // Through A: dq_i += dA_ij k_j ⊙ W[i-j], dk_j += dA_ij q_i ⊙ W[i-j], da += (i-j) dA_ij q_i ⊙ k_j ⊙ W[i-j];
+          // pairs inside a sub-block one by one, the keys before it through the split at p (where
+          // i - j = (i - p) + (p - j) splits the decay gradient into two direct sums).
           float* dq = s.rows2.data();
           std::fill(dq, dq + ch.len * ds, 0.0f);
-          for (int64_t i = 0; i < ch.len; ++i) {
-            const float* qi = qh + (t0 + i) * ds;
-            for (int64_t j = s.doc_start[i]; j <= i; ++j) {
-              const float x = s.dA[i * C + j];
-              const float* wd = s.w(i - j);
-              product(s.kw.data(), kr + (t0 + j) * ds, wd, ds);
-              add_scaled(dq + i * ds, x, s.kw.data(), ds);
-              add_scaled_product(dac, static_cast<float>(i - j) * x, qi, s.kw.data(), ds);
-              add_scaled_product(gk + (t0 + j) * ds, x, qi, wd, ds);
+          for (int64_t p = 0; p < ch.len; p += kSub) {
+            const SubBlock sb = sub_block(ch, s.doc_start, p);
+            for (int64_t i = p; i < sb.end; ++i) {
+              const float* qi = qh + (t0 + i) * ds;
+              for (int64_t j = std::max(s.doc_start[i], p); j <= i; ++j) {
+                const float x = s.dA[i * C + j];
+                const float* wd = s.w(i - j);
+                product(s.kw.data(), kr + (t0 + j) * ds, wd, ds);
+                add_scaled(dq + i * ds, x, s.kw.data(), ds);
+                add_scaled_product(dac, static_cast<float>(i - j) * x, qi, s.kw.data(), ds);
+                add_scaled_product(gk + (t0 + j) * ds, x, qi, wd, ds);
+              }
+            }
+            if (sb.rows == 0) continue;
+            load_hats(qh, kr, ch, sb, s);
+            const float* dA_block = s.dA.data() + p * C + sb.jlo;
+            gemm_f32(false, false, sb.rows, ds, sb.keys(), 1.0f, dA_block, C, s.khat.data(), ds, 0.0f,
+                     s.dqhat.data(), ds);
+            for (int64_t r = 0; r < sb.rows; ++r) {
+              const float* dqh = s.dqhat.data() + r * ds;
+              add_scaled_product(dq + (p + r) * ds, 1.0f, s.w(r), dqh, ds);
+              add_scaled_product(dac, static_cast<float>(r), s.qhat.data() + r * ds, dqh, ds);
+            }
+            gemm_f32(true, false, sb.keys(), ds, sb.rows, 1.0f, dA_block, C, s.qhat.data(), ds, 0.0f,
+                     s.dkhat.data(), ds);
+            for (int64_t j = sb.jlo; j < p; ++j) {
+              const float* dkh = s.dkhat.data() + (j - sb.jlo) * ds;
+              add_scaled_product(gk + (t0 + j) * ds, 1.0f, s.w(p - j), dkh, ds);
+              add_scaled_product(dac, static_cast<float>(p - j), s.khat.data() + (j - sb.jlo) * ds, dkh, ds);
             }
           }
           // Through the carried state: o_i += scale (q_i ⊙ W[i+1]) S_prev for the rows before a reset.

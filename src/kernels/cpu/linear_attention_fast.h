@@ -7,8 +7,10 @@
 //   S_end = w_L ⊙ S_prev + Σ_s (k_s ⊙ w_{end-s}) v_sᵀ.
 // Every exponent is ≤ 0, so nothing overflows, whatever the decay. A document reset inside a chunk
 // masks the pairs (t, s) of different documents, the carried state for positions after the reset
-// and the keys before it in S_end. The products with v and S are kernels::gemm_f32 calls; the
-// pairwise A (and its gradients) are short loops over fixed-width blocks of channels.
+// and the keys before it in S_end. A is built per sub-block of kLinearAttentionSubBlock query rows:
+// the keys before the sub-block's first row p through one GEMM with the decay split at p,
+// w_{t-s} = w_{t-p} · w_{p-s} (again both exponents ≤ 0), the pairs inside it as three-way dot
+// products. The products with v, S and the split factors are kernels::gemm_f32 calls.
 // Work is split by (batch, kv head), each done by one task in a fixed order: a row's result does
 // not depend on the other rows or on the thread count.
 #pragma once
@@ -21,6 +23,7 @@ namespace corelm::kernels::fast {
 using reference::LinearAttentionDims;
 
 inline constexpr int64_t kLinearAttentionChunk = 64;
+inline constexpr int64_t kLinearAttentionSubBlock = 16;
 
 // Chunks of one row: ceil(T / chunk).
 inline int64_t linear_attention_chunks(int64_t seq_len, int64_t chunk) { return (seq_len + chunk - 1) / chunk; }
