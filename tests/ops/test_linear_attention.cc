@@ -213,6 +213,17 @@ TEST(LinearAttentionStep, PrefillInTwoPartsEqualsOneCall) {
   }
 }
 
+TEST(LinearAttentionOp, NonContiguousInputs) {
+  // [B, T, H, D] buffers viewed as [B, H, T, D], as a model produces them after a projection.
+  const int64_t T = 70;
+  Tensor q = random_tensor({1, T, 2, 8}, 28).transpose(1, 2), k = random_tensor({1, T, 1, 8}, 29).transpose(1, 2),
+         v = random_tensor({1, T, 1, 4}, 30).transpose(1, 2);
+  const Tensor a = decays(1, 8, 31);
+  ASSERT_FALSE(q.is_contiguous());
+  EXPECT_EQ(ops::linear_attention(q, k, v, a).to_float_vector(),
+            ops::linear_attention(q.contiguous(), k.contiguous(), v.contiguous(), a).to_float_vector());
+}
+
 TEST(LinearAttentionOp, Errors) {
   auto z = [](const Shape& s) { return Tensor::zeros(s); };
   const Tensor q = z({1, 2, 5, 4}), k = z({1, 1, 5, 4}), v = z({1, 1, 5, 3}), a = z({1, 4});
