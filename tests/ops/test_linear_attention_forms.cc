@@ -3,7 +3,9 @@
 // (kernels/cpu/reference/linear_attention.h), forward, final state and all four gradients, over
 // shapes that stress the chunking: T not a multiple of the chunk, T < chunk, T = 1, chunk = 1,
 // widths that are not multiples of the vector block, decays near 0 and near -20, document resets
-// inside a chunk and on a chunk boundary, an initial state, GQA.
+// inside a chunk and on a chunk boundary, an initial state, GQA. The chunked kernel runs under every
+// ISA this CPU has: its channel loops have a baseline build (used under `reference`) and an AVX2
+// build (avx2 and up).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "corelm/isa.h"
 #include "corelm/random.h"
 #include "kernels/cpu/linear_attention_fast.h"
 #include "kernels/cpu/reference/linear_attention.h"
@@ -118,20 +121,24 @@ TEST(LinearAttentionForms, ChunkedEqualsRecurrence) {
       }
       return r;
     };
-    const Results ref = run(false), fast = run(true);
-    const double e_out = rel_error(fast.out, ref.out), e_state = rel_error(fast.final_state, ref.final_state);
-    const double e_dq = rel_error(fast.dq, ref.dq), e_dk = rel_error(fast.dk, ref.dk);
-    const double e_dv = rel_error(fast.dv, ref.dv), e_da = rel_error(fast.da, ref.da);
-    std::printf("FORMS %-28s out=%.2e state=%.2e dq=%.2e dk=%.2e dv=%.2e dlog_decay=%.2e\n", c.name.c_str(), e_out,
-                e_state, e_dq, e_dk, e_dv, e_da);
-    EXPECT_LE(e_out, 2e-6);
-    EXPECT_LE(e_state, 2e-6);
-    EXPECT_LE(e_dq, 1e-5);
-    EXPECT_LE(e_dk, 1e-5);
-    EXPECT_LE(e_dv, 1e-5);
-    EXPECT_LE(e_da, 1e-4);
-    worst_fwd = std::max({worst_fwd, e_out, e_state});
-    worst_grad = std::max({worst_grad, e_dq, e_dk, e_dv, e_da});
+    const Results ref = run(false);
+    for (Isa isa : supported_isas()) {
+      ScopedIsa scope(isa);
+      const Results fast = run(true);
+      const double e_out = rel_error(fast.out, ref.out), e_state = rel_error(fast.final_state, ref.final_state);
+      const double e_dq = rel_error(fast.dq, ref.dq), e_dk = rel_error(fast.dk, ref.dk);
+      const double e_dv = rel_error(fast.dv, ref.dv), e_da = rel_error(fast.da, ref.da);
+      std::printf("FORMS %-28s %-9s out=%.2e state=%.2e dq=%.2e dk=%.2e dv=%.2e dlog_decay=%.2e\n",
+                  c.name.c_str(), isa_name(isa), e_out, e_state, e_dq, e_dk, e_dv, e_da);
+      EXPECT_LE(e_out, 2e-6);
+      EXPECT_LE(e_state, 2e-6);
+      EXPECT_LE(e_dq, 1e-5);
+      EXPECT_LE(e_dk, 1e-5);
+      EXPECT_LE(e_dv, 1e-5);
+      EXPECT_LE(e_da, 1e-4);
+      worst_fwd = std::max({worst_fwd, e_out, e_state});
+      worst_grad = std::max({worst_grad, e_dq, e_dk, e_dv, e_da});
+    }
   }
   std::printf("FORMS worst forward rel %.2e, worst gradient rel %.2e\n", worst_fwd, worst_grad);
 }

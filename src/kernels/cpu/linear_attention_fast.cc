@@ -5,66 +5,22 @@
 #include <cstring>
 #include <vector>
 
+#include "corelm/isa.h"
 #include "corelm/thread_pool.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/linear_attention_loops_impl.h"  // the baseline build of the channel loops
 
 namespace corelm::kernels::fast {
 namespace {
 
-// Channel loops run in blocks of this many with a fixed trip count (and no aliasing), a shape the
-// compiler vectorises at the baseline ISA; the tail computes the same expression one at a time.
-constexpr int64_t kBlock = 8;
+// The channel loops of the pair blocks and the decode step: the AVX2 + FMA build on every fast
+// path (Avx2 and up), the baseline build when called on the reference path (tests do).
+bool use_avx2() { return active_isa() >= Isa::Avx2; }
 
 // Sub-blocks of query rows inside a chunk. Pairs inside one sub-block are computed directly; a
 // sub-block starting at p reaches the keys j < p through one GEMM after splitting the decay at p:
 // W[i - j] = W[i - p] · W[p - j], both exponents ≤ 0.
 constexpr int64_t kSub = kLinearAttentionSubBlock;
-
-// y[i] += a * x[i] * z[i]
-inline void add_scaled_product(float* __restrict y, float a, const float* __restrict x, const float* __restrict z,
-                               int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t u = 0; u < kBlock; ++u) y[i + u] += a * x[i + u] * z[i + u];
-  for (; i < n; ++i) y[i] += a * x[i] * z[i];
-}
-
-// Σ_i x[i] y[i] z[i], summed as kBlock interleaved partial sums added in a fixed order at the end
-// (the same order for every call of the same n).
-inline float dot3(const float* __restrict x, const float* __restrict y, const float* __restrict z, int64_t n) {
-  float acc[kBlock] = {};
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t u = 0; u < kBlock; ++u) acc[u] += x[i + u] * y[i + u] * z[i + u];
-  float total = 0.0f;
-  for (; i < n; ++i) total += x[i] * y[i] * z[i];
-  for (int64_t u = 0; u < kBlock; ++u) total += acc[u];
-  return total;
-}
-
-// y[i] += a * x[i]
-inline void add_scaled(float* __restrict y, float a, const float* __restrict x, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t u = 0; u < kBlock; ++u) y[i + u] += a * x[i + u];
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-
-// y[i] = x[i] * z[i]
-inline void product(float* __restrict y, const float* __restrict x, const float* __restrict z, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t u = 0; u < kBlock; ++u) y[i + u] = x[i + u] * z[i + u];
-  for (; i < n; ++i) y[i] = x[i] * z[i];
-}
-
-// y[i] = d * y[i] + a * x[i] (the decode step's state row update).
-inline void decay_add(float* __restrict y, float d, float a, const float* __restrict x, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int64_t u = 0; u < kBlock; ++u) y[i + u] = d * y[i + u] + a * x[i + u];
-  for (; i < n; ++i) y[i] = d * y[i] + a * x[i];
-}
 
 // One chunk of one row: where the document resets fall inside it.
 struct Chunk {
@@ -100,6 +56,7 @@ struct Scratch {
   std::vector<float> qhat, dqhat;       // [kSub, d_s]: one sub-block's queries scaled to its start
   std::vector<float> khat, dkhat;       // [C, d_s]: the keys before it, scaled to the same point
   std::vector<int64_t> doc_start;       // [C]
+  bool avx2 = use_avx2();
   Scratch(int64_t chunk, int64_t state_dim, int64_t value_dim)
       : C(chunk), ds(state_dim), dv(value_dim), W((chunk + 1) * state_dim), A(chunk * chunk), dA(chunk * chunk),
         rows(chunk * state_dim), rows2(chunk * state_dim), tmp(chunk * state_dim), S(state_dim * value_dim), G(state_dim * value_dim),
@@ -149,11 +106,11 @@ void pair_scores(const float* q, const float* k, const Chunk& ch, Scratch& s) {
       gemm_f32(false, true, sb.rows, sb.keys(), ds, 1.0f, s.qhat.data(), ds, s.khat.data(), ds, 0.0f,
                s.A.data() + p * C + sb.jlo, C);
     }
-    for (int64_t i = p; i < sb.end; ++i) {
-      const float* qi = q + (ch.t0 + i) * ds;
-      for (int64_t j = std::max(s.doc_start[i], p); j <= i; ++j)
-        s.A[i * C + j] = dot3(qi, k + (ch.t0 + j) * ds, s.w(i - j), ds);
-    }
+    const la::DiagBlock block{q + ch.t0 * ds, k + ch.t0 * ds, s.W.data(), s.doc_start.data(), ds, p, sb.end};
+    if (s.avx2)
+      avx2::la_diag_scores(block, s.A.data(), C);
+    else
+      diag_scores_impl(block, s.A.data(), C);
   }
 }
 
@@ -261,17 +218,11 @@ void linear_attention_backward(const float* q, const float* k, const float* v, c
           std::fill(dq, dq + ch.len * ds, 0.0f);
           for (int64_t p = 0; p < ch.len; p += kSub) {
             const SubBlock sb = sub_block(ch, s.doc_start, p);
-            for (int64_t i = p; i < sb.end; ++i) {
-              const float* qi = qh + (t0 + i) * ds;
-              for (int64_t j = std::max(s.doc_start[i], p); j <= i; ++j) {
-                const float x = s.dA[i * C + j];
-                const float* wd = s.w(i - j);
-                product(s.kw.data(), kr + (t0 + j) * ds, wd, ds);
-                add_scaled(dq + i * ds, x, s.kw.data(), ds);
-                add_scaled_product(dac, static_cast<float>(i - j) * x, qi, s.kw.data(), ds);
-                add_scaled_product(gk + (t0 + j) * ds, x, qi, wd, ds);
-              }
-            }
+            const la::DiagBlock block{qh + t0 * ds, kr + t0 * ds, s.W.data(), s.doc_start.data(), ds, p, sb.end};
+            if (s.avx2)
+              avx2::la_diag_grads(block, s.dA.data(), C, dq, gk + t0 * ds, dac, s.kw.data());
+            else
+              diag_grads_impl(block, s.dA.data(), C, dq, gk + t0 * ds, dac, s.kw.data());
             if (sb.rows == 0) continue;
             load_hats(qh, kr, ch, sb, s);
             const float* dA_block = s.dA.data() + p * C + sb.jlo;
@@ -349,16 +300,10 @@ void linear_attention_backward(const float* q, const float* k, const float* v, c
 void linear_attention_step(float* state, const float* q, const float* k, const float* v, const float* decay,
                            float* out, int64_t q_heads, int64_t kv_heads, int64_t state_dim, int64_t value_dim,
                            float scale) {
-  const int64_t ds = state_dim, dv = value_dim, group = q_heads / kv_heads;
-  for (int64_t g = 0; g < kv_heads; ++g) {
-    float* Sg = state + g * ds * dv;
-    for (int64_t c = 0; c < ds; ++c) decay_add(Sg + c * dv, decay[g * ds + c], k[g * ds + c], v + g * dv, dv);
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      float* o = out + h * dv;
-      std::fill(o, o + dv, 0.0f);
-      for (int64_t c = 0; c < ds; ++c) add_scaled(o, scale * q[h * ds + c], Sg + c * dv, dv);
-    }
-  }
+  if (use_avx2())
+    avx2::la_step(state, q, k, v, decay, out, q_heads, kv_heads, state_dim, value_dim, scale);
+  else
+    step_impl(state, q, k, v, decay, out, q_heads, kv_heads, state_dim, value_dim, scale);
 }
 
 }  // namespace corelm::kernels::fast

@@ -10,7 +10,9 @@
 // and the keys before it in S_end. A is built per sub-block of kLinearAttentionSubBlock query rows:
 // the keys before the sub-block's first row p through one GEMM with the decay split at p,
 // w_{t-s} = w_{t-p} · w_{p-s} (again both exponents ≤ 0), the pairs inside it as three-way dot
-// products. The products with v, S and the split factors are kernels::gemm_f32 calls.
+// products. The products with v, S and the split factors are kernels::gemm_f32 calls; the per-pair
+// channel loops and the decode step are built for AVX2 + FMA and used on every fast path
+// (linear_attention_loops.h), their baseline build when called under Isa::Reference.
 // Work is split by (batch, kv head), each done by one task in a fixed order: a row's result does
 // not depend on the other rows or on the thread count.
 #pragma once
