@@ -59,8 +59,8 @@ struct Scratch {
   bool avx2 = use_avx2();
   Scratch(int64_t chunk, int64_t state_dim, int64_t value_dim)
       : C(chunk), ds(state_dim), dv(value_dim), W((chunk + 1) * state_dim), A(chunk * chunk), dA(chunk * chunk),
-        rows(chunk * state_dim), rows2(chunk * state_dim), tmp(chunk * state_dim), S(state_dim * value_dim), G(state_dim * value_dim),
-        Gn(state_dim * value_dim), kw(state_dim), da_chunk(state_dim), qhat(kSub * state_dim),
+        rows(chunk * state_dim), rows2(chunk * state_dim), tmp(chunk * state_dim), S(state_dim * value_dim),
+        G(state_dim * value_dim), Gn(state_dim * value_dim), kw(state_dim), da_chunk(state_dim), qhat(kSub * state_dim),
         dqhat(kSub * state_dim), khat(chunk * state_dim), dkhat(chunk * state_dim), doc_start(chunk) {}
 
   void set_decay(const float* a) {
