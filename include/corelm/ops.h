@@ -99,7 +99,8 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 // final_state, when not null, receives S_{T-1} [B, Hkv, d_s, d_v] (no gradient through it).
 // Gradients reach q, k, v and log_decay; none flows to initial_state. Errors: ShapeError for
 // shapes that disagree, DTypeError, ValueError for a log_decay entry > 0 (or not finite) and for
-// doc_ids that decrease. Results do not depend on the thread count or on the other batch rows.
+// doc_ids that decrease. Computes in f32, also inside a ComputeDTypeScope(BF16). Results do not
+// depend on the thread count or on the other batch rows.
 Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& log_decay,
                         const Tensor& doc_ids = Tensor(), const Tensor& initial_state = Tensor(),
                         Tensor* final_state = nullptr, std::optional<float> scale = std::nullopt);
