@@ -98,6 +98,29 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 Tensor sliding_window_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t window,
                                 const Tensor& doc_ids = Tensor(), std::optional<float> scale = std::nullopt);
 
+// ---- log-decay linear attention (src/ops/linear_attention.cc) ----
+// A linear-attention layer with a learned per-channel, data-independent decay: the per-channel
+// "time decay" of RWKV-4 (Peng et al., "RWKV: Reinventing RNNs for the Transformer Era", 2023) in
+// the matrix-state form of gated linear attention (Yang et al., "Gated Linear Attention
+// Transformers with Hardware-Efficient Training", 2023), whose chunked form the fast kernel uses.
+// Per batch row b and kv head g, with a = log_decay[g] (every entry <= 0) and a state
+// S_t [d_s, d_v], S_{-1} = initial_state[b, g] (zeros when undefined):
+//   S_t = diag(exp(a)) S_{t-1} + k_t v_tᵀ
+//   o_t = scale · S_tᵀ q_t        for each query head h of kv head g = h / (Hq / Hkv)
+// q [B, Hq, T, d_s], k [B, Hkv, T, d_s], v [B, Hkv, T, d_v], log_decay [Hkv, d_s], all f32;
+// returns [B, Hq, T, d_v]. scale defaults to 1: no normalisation happens here (the model applies
+// its own feature map / normalisation to q and k). doc_ids (i32/i64 [B, T], non-decreasing along
+// each row) isolates packed documents: the state is zeroed before position t whenever
+// doc_ids[b, t] != doc_ids[b, t - 1] (initial_state only reaches the document at position 0).
+// final_state, when not null, receives S_{T-1} [B, Hkv, d_s, d_v] (no gradient through it).
+// Gradients reach q, k, v and log_decay; none flows to initial_state. Errors: ShapeError for
+// shapes that disagree, DTypeError, ValueError for a log_decay entry > 0 (or not finite) and for
+// doc_ids that decrease. Computes in f32, also inside a ComputeDTypeScope(BF16). Results do not
+// depend on the thread count or on the other batch rows.
+Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& log_decay,
+                        const Tensor& doc_ids = Tensor(), const Tensor& initial_state = Tensor(),
+                        Tensor* final_state = nullptr, std::optional<float> scale = std::nullopt);
+
 // ---- losses (src/ops/loss.cc) ----
 // logits [N, V] f32, targets [N] i32/i64; mean NLL over targets != ignore_index (0 if none).
 // A target outside [0, V) that is not ignore_index -> IndexError.
