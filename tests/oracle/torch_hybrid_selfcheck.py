@@ -11,6 +11,7 @@ Checks, each printing its max abs / rel error:
   mistral_*                HybridLM with every layer sliding == transformers 4.40.2
                            MistralForCausalLM (eager) logits with the same weights, T > W; and the
                            window off by one (W ± 1) must NOT match, so the check can fail
+  llama_logits             every layer full: == transformers LlamaForCausalLM (RoPE theta, GQA)
   decode_*                 prefill + step-by-step decoding (ring of W + 1 keys, recurrent state, a
                            growing full cache) == the full forward's logits at every position, for
                            T well beyond W, with and without BOS isolation, batch 2
@@ -146,6 +147,26 @@ def check_mistral():
             expect(f"mistral_window_off_by_one W={w}", diff > 1e-3, f"max_abs {diff:.3e} (must differ)")
 
 
+def check_llama():
+    """All layers full attention is Llama: RoPE (rotate-half, theta), GQA, causal mask, tied head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    hf_cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rope_theta=500.0, rms_norm_eps=1e-6, tie_word_embeddings=True, attn_implementation="eager")
+    torch.manual_seed(9)
+    hf = LlamaForCausalLM(hf_cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    ours = H.HybridLM(H.HybridConfig.from_dict(hf_cfg.to_dict()))
+    assert ours.config.layer_types == ["full_attention"] * 2
+    ours.load_state_dict({k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}, strict=True)
+    ids = torch.randint(0, 96, (2, 50), generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        report("llama_logits all full_attention T=50 theta=500", ours(ids), hf(ids).logits, 2e-5, 1e-5)
+
+
 def tiny_hybrid(kinds, bos_isolation, window=8, ds=8):
     cfg = H.HybridConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=len(kinds), num_attention_heads=4,
                          num_key_value_heads=2, head_dim=8, vocab_size=50, layer_types=kinds, sliding_window=window,
@@ -249,6 +270,7 @@ def main():
     check_linear_attention()
     check_sliding_blocked()
     check_mistral()
+    check_llama()
     check_decode()
     check_bos_isolation()
     check_names_init_roundtrip()
