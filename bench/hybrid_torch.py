@@ -92,7 +92,9 @@ class HybridConfig:
     @classmethod
     def from_dict(cls, d):
         """From a corelm (or HF Llama/Mistral) config.json dict. Mistral without layer_types:
-        every layer slides, as corelm reads it."""
+        every layer slides, as corelm reads it. Attention biases (Qwen2) are not modelled."""
+        if d.get("model_type") == "qwen2" or d.get("attention_bias") or d.get("mlp_bias"):
+            raise ValueError("hybrid_torch models no biases (Qwen2 / attention_bias / mlp_bias configs)")
         types = d.get("layer_types") or []
         window = d.get("sliding_window") or 0
         if not types and d.get("model_type") == "mistral" and window:
