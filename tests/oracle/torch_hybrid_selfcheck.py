@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Self-check of bench/hybrid_torch.py, the PyTorch hybrid that corelm's oracle tests compare with.
 
-  .venv/bin/python tests/oracle/torch_hybrid_selfcheck.py     (exit 0: all pass; 1: a check failed;
-                                                              77: no torch)
+  .venv/bin/python tests/oracle/torch_hybrid_selfcheck.py [--corelm build/release/corelm]
+  (exit 0: all pass; 1: a check failed; 77: no torch)
 Checks, each printing its max abs / rel error:
   linear_chunked_vs_naive  chunked linear attention == the per-token recurrence: output, final
                            state and q/k/v/log-decay gradients; T = 300 (chunks 64 + a short tail),
@@ -18,6 +18,9 @@ Checks, each printing its max abs / rel error:
   bos_isolation            a document's logits do not depend on the document packed before it
   names / init / roundtrip state_dict names of docs/HYBRID.md, the decay formula, and
                            logits_and_grads through config.json + safetensors (grads by name)
+  corelm_checkpoint        (with --corelm) a checkpoint written by `corelm train --preset tiny`
+                           loads with strict names, and the mean NLL of `corelm perplexity
+                           --precision f32` over 3 chunks equals HybridLM's on the same tokens
 """
 import json
 import math
@@ -264,7 +267,41 @@ def check_names_init_roundtrip():
            and all(float(g.abs().max()) > 0 for g in grads.values()), f"{len(grads)} grads, all nonzero")
 
 
+def check_corelm_checkpoint(corelm):
+    """End to end against corelm itself (every layer full attention until corelm trains the
+    hybrid): 2 training steps of `tiny` on the repository's docs, then corelm's f32 perplexity
+    (chunks of 128, second half scored) against the same NLL from logits_and_grads."""
+    import glob
+    import subprocess
+    from tokenizers import Tokenizer
+    docs = sorted(glob.glob(os.path.join(HERE, "..", "..", "docs", "*.md")))
+    with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "text.txt")
+        with open(text, "w") as f:
+            f.write("".join(open(d).read() for d in docs)[:400000])
+        out = os.path.join(tmp, "model")
+        subprocess.run([corelm, "train", "--preset", "tiny", "--data", text, "--steps", "2", "--batch", "2",
+                        "--seq", "64", "--out", out, "--no-progress", "--eval-batches", "0"],
+                       check=True, stdout=subprocess.DEVNULL)
+        run = subprocess.run([corelm, "perplexity", "--model", out, "-f", text, "--ctx", "128", "--chunks", "3",
+                              "--precision", "f32", "--json"], check=True, capture_output=True, text=True)
+        want = json.loads(run.stdout.strip().splitlines()[-1])["mean_nll"]
+        ids = Tokenizer.from_file(os.path.join(out, "tokenizer.json")).encode(open(text).read(),
+                                                                             add_special_tokens=False).ids
+        chunks = torch.tensor(ids[:3 * 128]).view(3, 128)
+        logits, grads = H.logits_and_grads(os.path.join(out, "config.json"), os.path.join(out, "model.safetensors"),
+                                           chunks)
+    nll = -logits.log_softmax(-1)[:, 64:127].gather(-1, chunks[:, 65:128, None]).double().mean()
+    report("corelm_checkpoint: tiny mean NLL vs corelm perplexity f32", nll.reshape(1),
+           torch.tensor([want], dtype=torch.float64), 1e-5, 1e-6)
+
+
 def main():
+    corelm = None
+    if len(sys.argv) == 3 and sys.argv[1] == "--corelm":
+        corelm = sys.argv[2]
+    elif len(sys.argv) != 1:
+        sys.exit(__doc__)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}")
     check_linear_attention()
@@ -274,6 +311,8 @@ def main():
     check_decode()
     check_bos_isolation()
     check_names_init_roundtrip()
+    if corelm:
+        check_corelm_checkpoint(corelm)
     if FAILURES:
         print(f"torch_hybrid_selfcheck: {len(FAILURES)} FAILED: {', '.join(FAILURES)}")
         sys.exit(1)
