@@ -29,7 +29,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -348,9 +347,10 @@ class SoftmaxAttention(nn.Module):
             s = p % (self.window + 1)
             cache["k"][:, :, s], cache["v"][:, :, s] = k[:, :, 0], v[:, :, 0]
             cache["pos"][s], cache["doc"][:, s] = p, doc[:, 0]
-        valid = cache["pos"] >= 0
-        visible = (valid & (p - cache["pos"] <= self.window if self.window > 0 else valid))[None, None, :]
-        visible = visible & (cache["doc"][:, None, :] == doc[:, :, None])  # [B, 1, S]
+        visible = cache["pos"] >= 0  # ring slots not yet written hold position -1
+        if self.window > 0:
+            visible = visible & (p - cache["pos"] <= self.window)
+        visible = visible[None, None, :] & (cache["doc"][:, None, :] == doc[:, :, None])  # [B, 1, S]
         o = masked_attention(q, cache["k"], cache["v"], visible)
         return self.o_proj(o.transpose(1, 2).reshape(x.shape[0], 1, -1))
 
@@ -361,7 +361,7 @@ class LinearAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         h, d, ds = cfg.hidden_size, cfg.head_dim, cfg.linear_attention_state_size
-        self.hq, self.hkv, self.d, self.ds, self.eps = cfg.num_attention_heads, cfg.num_key_value_heads, d, ds, cfg.rms_norm_eps
+        self.hq, self.hkv, self.d, self.ds = cfg.num_attention_heads, cfg.num_key_value_heads, d, ds
         self.q_proj = nn.Linear(h, self.hq * ds, bias=False)
         self.k_proj = nn.Linear(h, self.hkv * ds, bias=False)
         self.v_proj = nn.Linear(h, self.hkv * d, bias=False)
