@@ -10,7 +10,7 @@
 //
 // Adding a block kind (sliding-window attention with a ring cache, linear attention with a
 // recurrent state, an MoE FFN): write blocks/<kind>.{h,cc} implementing Block, and return it
-// for the layers whose spec asks for it in layer_blocks() (blocks/layer_blocks.cc), which is the
+// for the layers whose LayerSpec asks for it in layer_blocks() (blocks/layer_blocks.cc), which is the
 // only place that maps a layer to its kinds. If it needs a backend operation the interface lacks
 // (a ring-cache write, a recurrent-state update), add it to ops::InferenceBackend and to every
 // backend (cpu_backend.cc), per layer op rather than per token. A kind whose cache is not the
@@ -114,7 +114,7 @@ struct LayerBlocks {
   const Block* mixer;
   const Block* ffn;
 };
-// The block kinds of layer `layer` of `c` (today: full attention and the dense FFN everywhere).
+// The block kinds of layer `layer` of `c`, from c.layer(layer); ValueError for a kind with no block yet.
 LayerBlocks layer_blocks(const ModelConfig& c, int64_t layer);
 
 }  // namespace corelm::model::blocks

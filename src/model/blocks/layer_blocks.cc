@@ -1,6 +1,8 @@
-// The one place that maps a layer to its block kinds. Today every layer is full attention + the
-// dense FFN; when ModelConfig carries a spec per layer, this switches on it (sliding-window and
-// linear-attention mixers, later an MoE FFN), and nothing else in the model changes.
+// The one place that maps a layer to its block kinds, from the layer's spec (ModelConfig::layer).
+// Today's kinds: full attention + the dense FFN. The sliding-window mixer (ring cache) and the
+// linear-attention mixer (recurrent state) are new files in this folder returned here for their
+// AttentionKind; until they exist such a layer is refused, never computed as full attention.
+#include "corelm/error.h"
 #include "model/blocks/attention.h"
 #include "model/blocks/block.h"
 #include "model/blocks/dense_ffn.h"
@@ -8,8 +10,10 @@
 namespace corelm::model::blocks {
 
 LayerBlocks layer_blocks(const ModelConfig& c, int64_t layer) {
-  (void)c, (void)layer;
-  return {&full_attention(), &dense_ffn()};
+  const LayerSpec spec = c.layer(layer);
+  CORELM_CHECK(spec.attention == AttentionKind::Full, ValueError, "layer ", layer, " is ",
+               attention_kind_name(spec.attention), ": no block of that kind yet (src/model/blocks/)");
+  return {&full_attention(), &dense_ffn()};  // FfnKind::Dense is the only FFN kind
 }
 
 }  // namespace corelm::model::blocks
