@@ -231,7 +231,7 @@ class Decoder {
   // row's current length (rows in `rows`, one per batch entry of ids; cache row r = rows[b]),
   // positions continue from there; returns logits [B, T, V] and advances the rows' lengths.
   // A row's result does not depend on the other rows. Exceeding capacity -> ValueError.
-  // With prepare_inference(BF16) this runs the fast path (src/model/fast_forward.cc); otherwise
+  // With prepare_inference(BF16) this runs the fast path (src/model/blocks/ on ops' CPU backend); else
   // the op-based reference. Either way a row's outputs are bitwise identical whatever the other
   // rows, the batch size, the row's position in the batch and the thread count.
   Tensor forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows,

@@ -1,6 +1,8 @@
-// Decoder: the Llama/Qwen2 forward pass written with the differentiable ops, so training gets
-// its backward from autograd; forward_cached reuses the same layer code under NoGradGuard with
-// attention run per row against that row's slice of the KV cache.
+// Decoder: the layer loop. Embedding -> per layer: its mixer block, then its FFN block
+// (blocks/layer_blocks.cc says which kinds) -> final RMSNorm -> LM head, in three forms: the
+// training forward on the differentiable ops (autograd gives the backward), the reference
+// incremental forward (the same ops under NoGradGuard, attention per row against its cache), and
+// the inference forward against the packed weights of an inference backend (fast_forward.h).
 #include <algorithm>
 #include <set>
 #include <stdexcept>
@@ -10,6 +12,7 @@
 #include "corelm/model.h"
 #include "corelm/ops.h"
 #include "corelm/random.h"
+#include "model/blocks/block.h"
 #include "model/fast_forward.h"
 
 namespace corelm::model {
@@ -32,35 +35,22 @@ void check_ids(const Tensor& ids, const char* fn) {
 }  // namespace
 
 std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& config) {
-  const int64_t D = config.head_dim == 0 ? config.hidden_size / config.num_attention_heads : config.head_dim;
-  const int64_t H = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
-  const int64_t Q = config.num_attention_heads * D, KV = config.num_key_value_heads * D;
-  const bool bias = config.attention_bias;
-  // Llama's attention_bias also puts a bias on o_proj; Qwen2 biases only q/k/v.
-  const bool o_bias = bias && config.model_type == "llama";
+  const int64_t H = config.hidden_size, V = config.vocab_size;
   std::vector<std::pair<std::string, Shape>> out;
-  auto add = [&](std::string name, Shape shape) { out.emplace_back(std::move(name), std::move(shape)); };
-  // Same order as HF's named_parameters(): attention, mlp, then the two norms of each layer.
-  add("model.embed_tokens.weight", {V, H});
+  // Same order as HF's named_parameters(): each layer's projections (mixer, then FFN), then its
+  // norms.
+  out.emplace_back("model.embed_tokens.weight", Shape{V, H});
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
-    add(p + "self_attn.q_proj.weight", {Q, H});
-    if (bias) add(p + "self_attn.q_proj.bias", {Q});
-    add(p + "self_attn.k_proj.weight", {KV, H});
-    if (bias) add(p + "self_attn.k_proj.bias", {KV});
-    add(p + "self_attn.v_proj.weight", {KV, H});
-    if (bias) add(p + "self_attn.v_proj.bias", {KV});
-    add(p + "self_attn.o_proj.weight", {H, Q});
-    if (o_bias) add(p + "self_attn.o_proj.bias", {H});
-    add(p + "mlp.gate_proj.weight", {I, H});
-    add(p + "mlp.up_proj.weight", {I, H});
-    add(p + "mlp.down_proj.weight", {H, I});
-    add(p + "input_layernorm.weight", {H});
-    add(p + "post_attention_layernorm.weight", {H});
+    const blocks::LayerBlocks kinds = blocks::layer_blocks(config, l);
+    blocks::ShapeList norms;
+    kinds.mixer->parameter_shapes(config, p, out, norms);
+    kinds.ffn->parameter_shapes(config, p, out, norms);
+    out.insert(out.end(), norms.begin(), norms.end());
   }
-  add("model.norm.weight", {H});
-  if (!config.tie_word_embeddings) add("lm_head.weight", {V, H});
-  if (config.has_classifier()) add("score.weight", {static_cast<int64_t>(config.labels.size()), H});
+  out.emplace_back("model.norm.weight", Shape{H});
+  if (!config.tie_word_embeddings) out.emplace_back("lm_head.weight", Shape{V, H});
+  if (config.has_classifier()) out.emplace_back("score.weight", Shape{static_cast<int64_t>(config.labels.size()), H});
   return out;
 }
 
@@ -178,15 +168,6 @@ void Decoder::set_requires_grad(bool value) {
 // ---------------------------------------------------------------- forward
 
 namespace {
-
-// Views of one layer's parameters, looked up once per forward.
-struct LayerWeights {
-  Tensor in_norm, q, q_b, k, k_b, v, v_b, o, o_b, post_norm, gate, up, down;
-};
-
-}  // namespace
-
-namespace {
 std::vector<int64_t> all_rows(int64_t B) {
   std::vector<int64_t> rows(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) rows[static_cast<size_t>(b)] = b;
@@ -230,58 +211,6 @@ Tensor Decoder::lm_head(const Tensor& hidden) const {
   return ops::reshape(ops::linear(flat, w), out_shape);
 }
 
-namespace {
-
-struct Ctx {
-  const ModelConfig& c;
-  const std::vector<std::pair<std::string, Tensor>>& params;
-  const std::map<std::string, size_t>& index;
-
-  Tensor get(const std::string& name) const { return params[index.at(name)].second; }
-  Tensor get_opt(const std::string& name) const {
-    auto it = index.find(name);
-    return it == index.end() ? Tensor() : params[it->second].second;
-  }
-  LayerWeights layer(int64_t l) const {
-    const std::string p = layer_prefix(l);
-    LayerWeights w;
-    w.in_norm = get(p + "input_layernorm.weight");
-    w.q = get(p + "self_attn.q_proj.weight");
-    w.q_b = get_opt(p + "self_attn.q_proj.bias");
-    w.k = get(p + "self_attn.k_proj.weight");
-    w.k_b = get_opt(p + "self_attn.k_proj.bias");
-    w.v = get(p + "self_attn.v_proj.weight");
-    w.v_b = get_opt(p + "self_attn.v_proj.bias");
-    w.o = get(p + "self_attn.o_proj.weight");
-    w.o_b = get_opt(p + "self_attn.o_proj.bias");
-    w.post_norm = get(p + "post_attention_layernorm.weight");
-    w.gate = get(p + "mlp.gate_proj.weight");
-    w.up = get(p + "mlp.up_proj.weight");
-    w.down = get(p + "mlp.down_proj.weight");
-    return w;
-  }
-  float eps() const { return static_cast<float>(c.rms_norm_eps); }
-  float theta() const { return static_cast<float>(c.rope_theta); }
-
-  // x [N, H] -> x + down(swiglu(gate(h), up(h))), h = post_norm(x).
-  Tensor mlp_block(const Tensor& x, const LayerWeights& w) const {
-    Tensor h = ops::rms_norm(x, w.post_norm, eps());
-    Tensor m = ops::swiglu(ops::linear(h, w.gate), ops::linear(h, w.up));
-    return ops::add(x, ops::linear(m, w.down));
-  }
-
-  // [B*T, heads*D] -> [B, heads, T, D]
-  Tensor split_heads(const Tensor& x, int64_t B, int64_t T, int64_t heads) const {
-    return ops::transpose(ops::reshape(x, {B, T, heads, c.head_dim}), 1, 2);
-  }
-  // [B, heads, T, D] -> [B*T, heads*D]
-  Tensor merge_heads(const Tensor& x, int64_t B, int64_t T) const {
-    return ops::reshape(ops::transpose(x, 1, 2), {B * T, x.size(1) * c.head_dim});
-  }
-};
-
-}  // namespace
-
 Tensor Decoder::forward_hidden(const Tensor& ids) const {
   check_ids(ids, "forward");
   const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
@@ -291,19 +220,15 @@ Tensor Decoder::forward_hidden(const Tensor& ids) const {
     KVCache cache = make_cache(std::max<int64_t>(B, 1), std::max<int64_t>(T, 1));
     return forward_cached(ids, cache, all_rows(B), Logits::None);
   }
-  Ctx ctx{config_, params_, index_};
-  Tensor x = ops::reshape(ops::embedding(ctx.get("model.embed_tokens.weight"), ids), {B * T, H});
+  auto param = [&](const std::string& name) -> const Tensor& { return params_[index_.at(name)].second; };
+  Tensor x = ops::reshape(ops::embedding(param("model.embed_tokens.weight"), ids), {B * T, H});
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const LayerWeights w = ctx.layer(l);
-    Tensor h = ops::rms_norm(x, w.in_norm, ctx.eps());
-    Tensor q = ops::rope(ctx.split_heads(ops::linear(h, w.q, w.q_b), B, T, config_.num_attention_heads), ctx.theta());
-    Tensor k = ops::rope(ctx.split_heads(ops::linear(h, w.k, w.k_b), B, T, config_.num_key_value_heads), ctx.theta());
-    Tensor v = ctx.split_heads(ops::linear(h, w.v, w.v_b), B, T, config_.num_key_value_heads);
-    Tensor a = ctx.merge_heads(ops::causal_attention(q, k, v), B, T);
-    x = ops::add(x, ops::linear(a, w.o, w.o_b));
-    x = ctx.mlp_block(x, w);
+    const blocks::LayerParams p(params_, index_, l);
+    const blocks::LayerBlocks kinds = blocks::layer_blocks(config_, l);
+    x = kinds.mixer->forward(config_, p, x, B, T);
+    x = kinds.ffn->forward(config_, p, x, B, T);
   }
-  x = ops::rms_norm(x, ctx.get("model.norm.weight"), ctx.eps());
+  x = ops::rms_norm(x, param("model.norm.weight"), static_cast<float>(config_.rms_norm_eps));
   return ops::reshape(x, {B, T, H});
 }
 
@@ -354,12 +279,68 @@ std::vector<int64_t> Decoder::forward_cached_argmax(const Tensor& ids, KVCache& 
   return out;
 }
 
+namespace {
+
+// The inference forward over packed weights: ids [B, T] (validated by the caller) appended at
+// start[b] of cache row rows[b]; does not touch the cache lengths. The residual stream and every
+// intermediate live in the backend's per-thread scratch, which only grows, so steady-state
+// decoding allocates nothing but the returned tensor. Every block op is row-local or reduces in a
+// fixed order, so a row's outputs never depend on the rest of the batch or the threads.
+Tensor forward_packed(const FastWeights& w, const ModelConfig& c, const Tensor& ids, KVCache& cache,
+                      const std::vector<int64_t>& rows, const std::vector<int64_t>& start, Logits logits) {
+  const ops::InferenceBackend& be = *w.backend;
+  const int64_t B = ids.size(0), T = ids.size(1), N = B * T, H = c.hidden_size, V = c.vocab_size;
+  const std::vector<int64_t> tokens = ids.to_int_vector();
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t id = tokens[static_cast<size_t>(i)];
+    CORELM_CHECK(id >= 0 && id < V, IndexError, "Decoder::forward_cached: token id ", id, " at [", i / T, ", ",
+                 i % T, "] is outside the vocabulary (", V, ")");
+  }
+  float* x = be.scratch(ops::Scratch::X, N * H);
+  be.gather_rows(w.embed.data<float>(), H, tokens.data(), N, x);
+
+  int64_t end = 0;  // one past the last position this call writes
+  for (int64_t b = 0; b < B; ++b) end = std::max(end, start[static_cast<size_t>(b)] + T);
+  const std::shared_ptr<const ops::RopeTable> rope = w.rope->at_least(end);
+  blocks::InferenceStep step{be, c, x, ops::TokenLayout{B, T, 0, start.data(), rows.data()}, cache, *rope};
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const blocks::LayerBlocks kinds = blocks::layer_blocks(c, l);
+    const FastLayer& packed = w.layers[static_cast<size_t>(l)];
+    step.layer = l;
+    // With Logits::Last, the last layer's work after its cache writes is needed only for each
+    // row's last token (the mixer narrows the step to those rows).
+    step.last_only = l == c.num_hidden_layers - 1 && logits == Logits::Last && T > 1;
+    kinds.mixer->infer(*packed.mixer, step);
+    kinds.ffn->infer(*packed.ffn, step);
+  }
+
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t n = step.layout.tokens();  // B with Logits::Last: x holds each row's last token
+  float* h = be.scratch(ops::Scratch::Hidden, N * H);
+  be.rms_norm(x, H, *w.final_norm, h, H, n, eps);
+  if (logits == Logits::Last) {
+    Tensor out = Tensor::empty({B, 1, V});
+    be.lm_head(*w.lm_head, h, B, out.data<float>());
+    return out;
+  }
+  if (logits == Logits::None) {
+    Tensor out = Tensor::empty({B, T, H});
+    be.copy(out.data<float>(), h, N * H);
+    return out;
+  }
+  Tensor out = Tensor::empty({B, T, V});
+  be.lm_head(*w.lm_head, h, N, out.data<float>());
+  return out;
+}
+
+}  // namespace
+
 Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows,
                                Logits logits) const {
   check_ids(ids, "forward_cached");
   autograd::NoGradGuard no_grad;
   const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
-  const int64_t Hq = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
+  const int64_t Hkv = config_.num_key_value_heads, D = config_.head_dim;
   CORELM_CHECK(static_cast<int64_t>(rows.size()) == B, ValueError, "Decoder::forward_cached: ", rows.size(),
                " cache rows given for a batch of ", B);
   CORELM_CHECK(cache.layers() >= config_.num_hidden_layers, ValueError,
@@ -382,57 +363,21 @@ Tensor Decoder::forward_cached(const Tensor& ids, KVCache& cache, const std::vec
   CORELM_CHECK(cache.kv_heads() == Hkv && cache.head_dim() == D, ShapeError, "Decoder::forward_cached: cache of ",
                cache.kv_heads(), " kv heads of dim ", cache.head_dim(), " does not match ", Hkv, " kv heads of dim ", D);
   if (fast_) {
-    Tensor out = fast_forward_cached(*fast_, config_, ids, cache, rows, start, logits);
+    Tensor out = forward_packed(*fast_, config_, ids, cache, rows, start, logits);
     for (int64_t b = 0; b < B; ++b) cache.set_length(rows[static_cast<size_t>(b)], start[static_cast<size_t>(b)] + T);
     return out;
   }
 
-  Ctx ctx{config_, params_, index_};
-  Tensor x = ops::reshape(ops::embedding(ctx.get("model.embed_tokens.weight"), ids), {B * T, H});
-  std::vector<Tensor> row_out(static_cast<size_t>(B));
+  auto param = [&](const std::string& name) -> const Tensor& { return params_[index_.at(name)].second; };
+  Tensor x = ops::reshape(ops::embedding(param("model.embed_tokens.weight"), ids), {B * T, H});
+  const blocks::CachedRows at{B, T, rows, start};
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const LayerWeights w = ctx.layer(l);
-    // The projections run batched over all rows; only attention needs each row's own history.
-    Tensor h = ops::rms_norm(x, w.in_norm, ctx.eps());
-    Tensor q = ops::linear(h, w.q, w.q_b);
-    Tensor k = ops::linear(h, w.k, w.k_b);
-    Tensor v = ops::linear(h, w.v, w.v_b);
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t r = rows[static_cast<size_t>(b)], s0 = start[static_cast<size_t>(b)];
-      auto row_of = [&](const Tensor& t, int64_t heads) {
-        return ctx.split_heads(t.slice(0, b * T, (b + 1) * T), 1, T, heads);
-      };
-      Tensor qb = ops::rope(row_of(q, Hq), ctx.theta(), s0);
-      Tensor kb = ops::rope(row_of(k, Hkv), ctx.theta(), s0);
-      Tensor vb = row_of(v, Hkv);
-      Tensor keys, values;
-      if (cache.types().all_f32()) {
-        Tensor& kc = cache.k(l);
-        Tensor& vc = cache.v(l);
-        kc.slice(0, r, r + 1).slice(2, s0, s0 + T).copy_(kb);
-        vc.slice(0, r, r + 1).slice(2, s0, s0 + T).copy_(vb);
-        keys = kc.slice(0, r, r + 1).slice(2, 0, s0 + T);
-        values = vc.slice(0, r, r + 1).slice(2, 0, s0 + T);
-      } else {
-        // Other types: encode the new positions, then attend over the whole row decoded to f32
-        // (the readable yardstick; the fast path reads the codes in place).
-        const Tensor kn = kb.contiguous(), vn = vb.contiguous();
-        keys = Tensor::empty({1, Hkv, s0 + T, D});
-        values = Tensor::empty({1, Hkv, s0 + T, D});
-        for (int64_t g = 0; g < Hkv; ++g) {
-          cache.store_keys(l, r, g, s0, T, kn.data<float>() + g * T * D);
-          cache.store_values(l, r, g, s0, T, vn.data<float>() + g * T * D);
-          cache.load_keys(l, r, g, 0, s0 + T, keys.data<float>() + g * (s0 + T) * D);
-          cache.load_values(l, r, g, 0, s0 + T, values.data<float>() + g * (s0 + T) * D);
-        }
-      }
-      row_out[static_cast<size_t>(b)] = ctx.merge_heads(ops::causal_attention(qb, keys, values), 1, T);
-    }
-    Tensor a = B == 1 ? row_out[0] : ops::concat(row_out, 0);
-    x = ops::add(x, ops::linear(a, w.o, w.o_b));
-    x = ctx.mlp_block(x, w);
+    const blocks::LayerParams p(params_, index_, l);
+    const blocks::LayerBlocks kinds = blocks::layer_blocks(config_, l);
+    x = kinds.mixer->forward_cached(config_, p, x, cache, l, at);
+    x = kinds.ffn->forward_cached(config_, p, x, cache, l, at);
   }
-  x = ops::rms_norm(x, ctx.get("model.norm.weight"), ctx.eps());
+  x = ops::rms_norm(x, param("model.norm.weight"), static_cast<float>(config_.rms_norm_eps));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t r = rows[static_cast<size_t>(b)];
     cache.set_length(r, start[static_cast<size_t>(b)] + T);

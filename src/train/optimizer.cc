@@ -5,7 +5,7 @@
 #include "corelm/autograd.h"
 #include "corelm/error.h"
 #include "corelm/optim.h"
-#include "kernels/cpu/vec_fast.h"
+#include "ops/vector_math.h"
 
 namespace corelm::optim {
 namespace {
@@ -142,7 +142,7 @@ void AdamW::step() {
     const float* gd = g.data<float>();
     float* m = m_[i].data<float>();
     float* v = v_[i].data<float>();
-    kernels::fast::AdamWScalars s;
+    ops::AdamWScalars s;
     s.decay = static_cast<float>(1.0 - lr * static_cast<double>(weight_decay_[i]));
     s.beta1 = beta1;
     s.one_minus_b1 = one_minus_b1;
@@ -151,7 +151,7 @@ void AdamW::step() {
     s.bc2_sqrt = bc2_sqrt;
     s.eps = eps;
     s.step_size = step_size;
-    kernels::fast::adamw_update(w, gd, m, v, p.numel(), s);
+    ops::adamw_update(w, gd, m, v, p.numel(), s);
   }
 }
 

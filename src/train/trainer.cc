@@ -26,7 +26,7 @@
 #include "corelm/ops.h"
 #include "corelm/optim.h"
 #include "corelm/train.h"
-#include "kernels/cpu/vec_fast.h"
+#include "ops/vector_math.h"
 #include "train/checkpoint_internal.h"
 #include "train/data_parallel.h"
 #include "train/sampled_softmax.h"
@@ -124,8 +124,8 @@ double global_grad_norm(const std::vector<Tensor>& params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     g = g.contiguous();
-    // Vectorised, double accumulation in a fixed order (kernels/cpu/vec_fast.h).
-    sumsq += kernels::fast::dot(g.data<float>(), g.data<float>(), g.numel());
+    // Vectorised, double accumulation in a fixed order (ops/vector_math.h).
+    sumsq += ops::dot_f64(g.data<float>(), g.data<float>(), g.numel());
   }
   return std::sqrt(sumsq);
 }
