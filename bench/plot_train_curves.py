@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """Compares training-loss curves of fp32 and bf16-compute runs (bench/train_precision_curves.sh).
 
-    python3 bench/plot_train_curves.py [--title TITLE] [--x step|tokens] OUT.png OUT.json LABEL=DIR [LABEL=DIR ...]
+    python3 bench/plot_train_curves.py [--title TITLE] [--x step|tokens|seconds] OUT.png OUT.json LABEL=DIR [LABEL=DIR ...]
 
 Each DIR holds a train_log.jsonl of `corelm train`; LABEL is "<dtype>_s<seed>" (e.g. f32_s1,
 bf16_s2), or any name for a single run (bench/pretrain_tiny.sh: no f32/bf16 comparison then).
---x tokens puts tokens seen on the x axis instead of the optimizer step. Prints (and writes to OUT.json) one JSON object: per run the final train loss (mean of
+--x tokens puts tokens seen on the x axis instead of the optimizer step, --x seconds the wall-clock
+time since the run started (train_log's elapsed_s: runs compared at equal time). Prints (and writes to OUT.json) one JSON object: per run the final train loss (mean of
 the last 20 steps), the final validation loss; and the largest gap between the smoothed curves of
 f32 and bf16 with the same seed, next to the largest gap between two seeds of the same dtype (the
 noise band). Smoothing: a centred moving average over 21 steps, since single-step losses jump by
@@ -29,7 +30,7 @@ def parse_label(label):
 def read_log(path):
     """(x values, training losses, [(x, validation loss)], last step); x is the step or tokens seen."""
     steps, loss, val, last = [], [], [], 0
-    key = "tokens_seen" if X_AXIS == "tokens" else "step"
+    key = {"tokens": "tokens_seen", "seconds": "elapsed_s"}.get(X_AXIS, "step")
     with open(path) as f:
         for line in f:
             if not line.strip():
@@ -70,7 +71,7 @@ def main():
         else:
             X_AXIS = args[1]
         args = args[2:]
-    if len(args) < 3 or X_AXIS not in ("step", "tokens"):
+    if len(args) < 3 or X_AXIS not in ("step", "tokens", "seconds"):
         sys.exit(__doc__)
     png, out_json, runs = args[0], args[1], {}
     for arg in args[2:]:
@@ -136,7 +137,7 @@ def main():
         if val:
             ax.plot([v[0] for v in val], [v[1] for v in val], "o", color=colors.get(dt, "tab:red"), ms=4,
                     label=None if seed else f"{dt}: validation loss")
-    ax.set_xlabel("tokens seen" if X_AXIS == "tokens" else "optimizer step")
+    ax.set_xlabel({"tokens": "tokens seen", "seconds": "wall-clock seconds (training + evaluation)"}.get(X_AXIS, "optimizer step"))
     ax.set_ylabel(f"training loss ({WINDOW}-step moving average); dots: validation")
     ax.set_title(title)
     ax.grid(alpha=0.3)
