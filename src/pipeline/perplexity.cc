@@ -62,17 +62,36 @@ class LogProbReader {
   }
   const LogProbHeader& header() const { return h_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
-  // The next `rows` chunks' log-probabilities: [rows, n_scored, n_vocab].
+  // The next `rows` chunks' log-probabilities: [rows, n_scored, n_vocab]. Every row must be a
+  // log-distribution (finite, <= 0, logsumexp 0 within 1e-3): a damaged row would otherwise turn
+  // the KL divergence into NaN or a plausible-looking wrong number without a word.
   void read_chunks(int64_t rows, std::vector<float>& out) {
-    out.resize(static_cast<size_t>(rows) * h_.n_scored * h_.n_vocab);
+    const int64_t V = h_.n_vocab;
+    out.resize(static_cast<size_t>(rows) * h_.n_scored * V);
     in_.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size() * sizeof(float)));
     CORELM_CHECK(in_, IOError, "kl-base: reading log-probabilities from ", path_);
+    for (int64_t r = 0; r < rows * h_.n_scored; ++r) {
+      const float* lp = out.data() + r * V;
+      double sum = 0;
+      bool finite = true;
+      for (int64_t v = 0; v < V && finite; ++v) {
+        finite = std::isfinite(lp[v]) && lp[v] <= 1e-4f;
+        sum += std::exp(double(lp[v]));
+      }
+      const int64_t chunk = chunks_read_ + r / h_.n_scored, pos = r % h_.n_scored;
+      CORELM_CHECK(finite && std::fabs(std::log(sum)) <= 1e-3, FormatError, "kl-base: ", path_, ": chunk ", chunk,
+                   ", scored position ", pos, " is not a log-probability distribution (",
+                   finite ? "its probabilities sum to " + std::to_string(sum) : std::string("a value is not finite or > 0"),
+                   "): the file is damaged");
+    }
+    chunks_read_ += rows;
   }
 
  private:
   std::string path_;
   std::ifstream in_;
   LogProbHeader h_;
+  int64_t chunks_read_ = 0;
   std::vector<int32_t> tokens_;
 };
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "common/model_factories.h"
@@ -216,6 +217,31 @@ TEST_F(PerplexityFiles, RefusesTooShortTextsContextsAboveTheModelAndForeignBaseF
   o.ctx = 32;
   fs::resize_file(path("base.bin"), fs::file_size(path("base.bin")) - 4);
   expect_format_error(d, tokens, kBos, "truncated");
+  // Damaged rows (right size, wrong numbers): a NaN, a positive log-probability, a row that does
+  // not sum to 1. Each names the chunk and position instead of returning a NaN or wrong KL.
+  o.save_logits = path("base.bin");
+  o.kl_base.clear();
+  pipeline::perplexity(d, tokens, kBos, o);
+  o.save_logits.clear();
+  o.kl_base = path("base.bin");
+  const std::string good = [&] {
+    std::ifstream in(path("base.bin"), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  const size_t header = 8 + 32, rows_at = header + 4 * 32 * 4;  // 4 chunks of 32 tokens
+  const size_t row_bytes = size_t{kVocab} * 4, scored = 32 - 1 - 16;
+  const float nan = std::nanf(""), positive = 0.5f;
+  const std::pair<size_t, float> damage[] = {{rows_at + 3 * 4, nan},
+                                             {rows_at + (scored + 2) * row_bytes + 7 * 4, positive},
+                                             {rows_at + (2 * scored + 5) * row_bytes, -30.0f}};
+  const char* where[] = {"chunk 0, scored position 0", "chunk 1, scored position 2", "chunk 2, scored position 5"};
+  for (size_t i = 0; i < 3; ++i) {
+    std::string bad = good;
+    std::memcpy(bad.data() + damage[i].first, &damage[i].second, 4);
+    std::ofstream(path("bad.bin"), std::ios::binary) << bad;
+    o.kl_base = path("bad.bin");
+    expect_format_error(d, tokens, kBos, where[i]);
+  }
   std::ofstream(path("junk.bin")) << "not a log-probability file at all, just text";
   o.kl_base = path("junk.bin");
   expect_format_error(d, tokens, kBos, "not a corelm log-probability file");
