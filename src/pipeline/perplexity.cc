@@ -12,88 +12,11 @@
 #include "corelm/autograd.h"
 #include "corelm/durable.h"
 #include "corelm/error.h"
+#include "pipeline/logprob_file.h"
 
 namespace corelm::pipeline {
 namespace {
 
-constexpr uint32_t kLogProbVersion = 1;
-constexpr size_t kHeaderBytes = 8 + 8 * sizeof(uint32_t);
-
-struct LogProbHeader {
-  uint32_t n_vocab = 0, n_ctx = 0, n_chunk = 0, n_scored = 0, bos = 0;
-  int32_t bos_id = -1;
-};
-
-std::string encode_header(const LogProbHeader& h) {
-  std::string s(kLogProbMagic, 8);
-  const uint32_t fields[8] = {kLogProbVersion, h.n_vocab, h.n_ctx, h.n_chunk, h.n_scored, h.bos,
-                              static_cast<uint32_t>(h.bos_id), 0};
-  s.append(reinterpret_cast<const char*>(fields), sizeof(fields));
-  return s;
-}
-
-// The base file of the KL-divergence mode: header and tokens read up front, then the scored rows
-// chunk by chunk in file order (the run visits chunks in the same order).
-class LogProbReader {
- public:
-  explicit LogProbReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
-    CORELM_CHECK(in_.is_open(), IOError, "kl-base: cannot open ", path);
-    char magic[8];
-    uint32_t f[8];
-    in_.read(magic, 8);
-    in_.read(reinterpret_cast<char*>(f), sizeof(f));
-    CORELM_CHECK(in_ && std::memcmp(magic, kLogProbMagic, 8) == 0, FormatError, "kl-base: ", path,
-                 " is not a corelm log-probability file (written by `corelm perplexity --save-logits`)");
-    CORELM_CHECK(f[0] == kLogProbVersion, FormatError, "kl-base: ", path, ": unsupported version ", f[0]);
-    h_ = {f[1], f[2], f[3], f[4], f[5], static_cast<int32_t>(f[6])};
-    CORELM_CHECK(h_.n_vocab > 0 && h_.n_ctx >= 3 && h_.n_chunk > 0 && h_.n_scored == h_.n_ctx - 1 - h_.n_ctx / 2,
-                 FormatError, "kl-base: ", path, ": inconsistent header (n_vocab ", h_.n_vocab, ", n_ctx ", h_.n_ctx,
-                 ", n_chunk ", h_.n_chunk, ", n_scored ", h_.n_scored, ")");
-    const uint64_t expect = kHeaderBytes + uint64_t{h_.n_chunk} * h_.n_ctx * 4 +
-                            uint64_t{h_.n_chunk} * h_.n_scored * h_.n_vocab * 4;
-    in_.seekg(0, std::ios::end);
-    const uint64_t size = static_cast<uint64_t>(in_.tellg());
-    CORELM_CHECK(size == expect, FormatError, "kl-base: ", path, " has ", size, " bytes, its header says ", expect,
-                 " (truncated or not this format)");
-    in_.seekg(static_cast<std::streamoff>(kHeaderBytes));
-    tokens_.resize(size_t{h_.n_chunk} * h_.n_ctx);
-    in_.read(reinterpret_cast<char*>(tokens_.data()), static_cast<std::streamsize>(tokens_.size() * 4));
-    CORELM_CHECK(in_, IOError, "kl-base: reading the tokens of ", path);
-  }
-  const LogProbHeader& header() const { return h_; }
-  const std::vector<int32_t>& tokens() const { return tokens_; }
-  // The next `rows` chunks' log-probabilities: [rows, n_scored, n_vocab]. Every row must be a
-  // log-distribution (finite, <= 0, logsumexp 0 within 1e-3): a damaged row would otherwise turn
-  // the KL divergence into NaN or a plausible-looking wrong number without a word.
-  void read_chunks(int64_t rows, std::vector<float>& out) {
-    const int64_t V = h_.n_vocab;
-    out.resize(static_cast<size_t>(rows) * h_.n_scored * V);
-    in_.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size() * sizeof(float)));
-    CORELM_CHECK(in_, IOError, "kl-base: reading log-probabilities from ", path_);
-    for (int64_t r = 0; r < rows * h_.n_scored; ++r) {
-      const float* lp = out.data() + r * V;
-      double sum = 0;
-      bool finite = true;
-      for (int64_t v = 0; v < V && finite; ++v) {
-        finite = std::isfinite(lp[v]) && lp[v] <= 1e-4f;
-        sum += std::exp(double(lp[v]));
-      }
-      const int64_t chunk = chunks_read_ + r / h_.n_scored, pos = r % h_.n_scored;
-      CORELM_CHECK(finite && std::fabs(std::log(sum)) <= 1e-3, FormatError, "kl-base: ", path_, ": chunk ", chunk,
-                   ", scored position ", pos, " is not a log-probability distribution (",
-                   finite ? "its probabilities sum to " + std::to_string(sum) : std::string("a value is not finite or > 0"),
-                   "): the file is damaged");
-    }
-    chunks_read_ += rows;
-  }
-
- private:
-  std::string path_;
-  std::ifstream in_;
-  LogProbHeader h_;
-  int64_t chunks_read_ = 0;
-  std::vector<int32_t> tokens_;
-};
 
 // Mean and its standard error from running sums (0 error below two values or for a zero variance).
 std::pair<double, double> mean_and_stderr(double sum, double sum2, int64_t n) {
@@ -218,7 +141,7 @@ PerplexityResult perplexity(const model::Decoder& decoder, const std::vector<Tok
     out = std::make_unique<AtomicWriter>(o.save_logits);
     const LogProbHeader h{static_cast<uint32_t>(V), static_cast<uint32_t>(n_ctx), static_cast<uint32_t>(n_chunk),
                           static_cast<uint32_t>(n_scored), bos ? 1u : 0u, bos ? *bos : -1};
-    out->write(encode_header(h));
+    out->write(encode_logprob_header(h));
     out->write(tokens.data(), static_cast<size_t>(n_chunk * n_ctx) * sizeof(TokenId));
   }
 
