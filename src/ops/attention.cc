@@ -11,6 +11,7 @@
 #include "corelm/ops.h"
 #include "kernels/cpu/attention_fast.h"
 #include "kernels/cpu/reference/attention.h"
+#include "ops/attention_checks.h"
 #include "ops/op_checks.h"
 
 namespace corelm::ops {
@@ -48,31 +49,7 @@ void attention_fast(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
 }  // namespace
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<float> scale) {
-  detail::check_f32("causal_attention", q, "q");
-  detail::check_f32("causal_attention", k, "k");
-  detail::check_f32("causal_attention", v, "v");
-  const auto shapes = [&] {
-    return ::corelm::detail::concat("q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
-                          shape_str(v.shape()));
-  };
-  CORELM_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, ShapeError,
-               "causal_attention: q, k, v must be 4-D [B, H, T, D]; got ", shapes());
-  CORELM_CHECK(k.shape() == v.shape(), ShapeError, "causal_attention: k and v must have the same shape; got ",
-               shapes());
-  CORELM_CHECK(q.size(0) == k.size(0), ShapeError, "causal_attention: batch sizes differ; got ", shapes());
-  CORELM_CHECK(q.size(3) == k.size(3), ShapeError, "causal_attention: head dims differ; got ", shapes());
-  CORELM_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, ShapeError,
-               "causal_attention: query heads must be a multiple of kv heads; got ", shapes());
-  CORELM_CHECK(k.size(2) >= q.size(2), ShapeError,
-               "causal_attention: kv length S must be >= query length T; got ", shapes());
-
-  kernels::reference::AttentionDims dims;
-  dims.batch = q.size(0);
-  dims.q_heads = q.size(1);
-  dims.kv_heads = k.size(1);
-  dims.q_len = q.size(2);
-  dims.kv_len = k.size(2);
-  dims.head_dim = q.size(3);
+  const kernels::reference::AttentionDims dims = detail::checked_attention_dims("causal_attention", q, k, v);
   const float s = scale.value_or(dims.head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(dims.head_dim)) : 1.0f);
 
   const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();

@@ -11,6 +11,7 @@
 #include "corelm/ops.h"
 #include "kernels/cpu/reference/sliding_attention.h"
 #include "kernels/cpu/sliding_attention_fast.h"
+#include "ops/attention_checks.h"
 #include "ops/op_checks.h"
 
 namespace corelm::ops {
@@ -41,30 +42,7 @@ DocIds checked_doc_ids(const Tensor& doc_ids, int64_t B, int64_t S) {
 }
 
 kernels::reference::AttentionDims checked_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
-  detail::check_f32(kOp, q, "q");
-  detail::check_f32(kOp, k, "k");
-  detail::check_f32(kOp, v, "v");
-  const auto shapes = [&] {
-    return ::corelm::detail::concat("q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
-                                    shape_str(v.shape()));
-  };
-  CORELM_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, ShapeError, kOp,
-               ": q, k, v must be 4-D [B, H, T, D]; got ", shapes());
-  CORELM_CHECK(k.shape() == v.shape(), ShapeError, kOp, ": k and v must have the same shape; got ", shapes());
-  CORELM_CHECK(q.size(0) == k.size(0), ShapeError, kOp, ": batch sizes differ; got ", shapes());
-  CORELM_CHECK(q.size(3) == k.size(3), ShapeError, kOp, ": head dims differ; got ", shapes());
-  CORELM_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, ShapeError, kOp,
-               ": query heads must be a multiple of kv heads; got ", shapes());
-  CORELM_CHECK(k.size(2) >= q.size(2), ShapeError, kOp, ": kv length S must be >= query length T; got ",
-               shapes());
-  kernels::reference::AttentionDims dims;
-  dims.batch = q.size(0);
-  dims.q_heads = q.size(1);
-  dims.kv_heads = k.size(1);
-  dims.q_len = q.size(2);
-  dims.kv_len = k.size(2);
-  dims.head_dim = q.size(3);
-  return dims;
+  return detail::checked_attention_dims(kOp, q, k, v);
 }
 
 }  // namespace
