@@ -357,7 +357,9 @@ struct Scheduler::Impl {
     // The longest run of cached blocks that ends before the last prompt token (always computed:
     // its logits pick the first token).
     const int64_t C = opt.prefill_chunk;
-    if (opt.prefix_cache_blocks > 0) {
+    // A cache with sliding-window rings or linear-attention states has no separable position
+    // blocks: such a model runs without the prefix cache.
+    if (opt.prefix_cache_blocks > 0 && cache->supports_prefix_blocks()) {
       while ((r.pos + C) <= r.prompt_len - 1) {
         const uint64_t h = hash_tokens(r.hash, req.prompt.data() + r.pos, C);
         auto it = blocks.find(h);
@@ -654,7 +656,7 @@ struct Scheduler::Impl {
     const int64_t C = opt.prefill_chunk;
     const int64_t begin = r.pos;
     r.pos += len;
-    if (opt.prefix_cache_blocks == 0 || len != C || begin % C != 0) return;
+    if (opt.prefix_cache_blocks == 0 || !cache->supports_prefix_blocks() || len != C || begin % C != 0) return;
     r.hash = hash_tokens(r.hash, r.req.prompt.data() + r.hashed, r.pos - r.hashed);
     r.hashed = r.pos;
     auto it = blocks.find(r.hash);
