@@ -5,16 +5,25 @@
 // No RoPE: the decay orders time. The scale is applied by the op (o = scale · Sᵀq), which is the
 // same as scaling q. The reference incremental forward carries each row's state in the cache
 // (KVCache::state): the op runs from it (from zeros at a row's position 0) and leaves its final
-// state there. The packed inference forward is not wired yet: it refuses with a ValueError.
+// state there. The packed inference forward runs the recurrence token by token through the backend
+// (linear_attention_tokens), then the per-head norm and o_proj.
 #include "model/blocks/linear_attention.h"
 
 #include <cmath>
 
 #include "corelm/error.h"
 #include "corelm/ops.h"
+#include "ops/linear_attention_step.h"
 
 namespace corelm::model::blocks {
 namespace {
+
+struct Packed final : PackedBlock {
+  std::unique_ptr<ops::PackedVector> in_norm, out_norm;
+  std::unique_ptr<ops::PackedLinear> qkv;  // [Hq ds + Hkv ds + Hkv D, H]
+  std::unique_ptr<ops::PackedLinear> o;    // [H, Hq D]
+  std::vector<float> decay;                // exp(-exp(w)) [Hkv, ds], host
+};
 
 Tensor split_heads(const Tensor& x, int64_t B, int64_t T, int64_t heads, int64_t D) {
   return ops::transpose(ops::reshape(x, {B, T, heads, D}), 1, 2);
@@ -84,13 +93,42 @@ class LinearAttention final : public Block {
     return ops::add(x, ops::linear(o, p.get("self_attn.o_proj.weight")));
   }
 
-  std::unique_ptr<PackedBlock> pack(const ModelConfig&, const LayerParams&, const ops::InferenceBackend&,
-                                    ops::WeightFormat) const override {
-    throw ValueError("linear_attention layers have no packed inference path yet; use --precision f32 for scoring");
+  std::unique_ptr<PackedBlock> pack(const ModelConfig& c, const LayerParams& p, const ops::InferenceBackend& be,
+                                    ops::WeightFormat format) const override {
+    auto w = std::make_unique<Packed>();
+    w->in_norm = be.pack_vector(p.f32("input_layernorm.weight"), c.hidden_size);
+    w->out_norm = be.pack_vector(p.f32("self_attn.out_norm.weight"), c.head_dim);
+    w->qkv = pack_rows(be, p, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, c.hidden_size, format);
+    w->o = pack_rows(be, p, {"self_attn.o_proj"}, c.num_attention_heads * c.head_dim, format);
+    // The same factors as the training op: a = -exp(w) on the ops, then exp(a) as the kernels take it.
+    const Tensor decay = ops::linear_attention_decay(ops::neg(ops::exp(p.get("self_attn.decay")))).contiguous();
+    w->decay.assign(decay.data<float>(), decay.data<float>() + decay.numel());
+    return w;
   }
 
-  void infer(const PackedBlock&, InferenceStep&) const override {
-    throw ValueError("linear_attention layers have no packed inference path yet");
+  void infer(const PackedBlock& packed, InferenceStep& s) const override {
+    const Packed& w = static_cast<const Packed&>(packed);
+    const ModelConfig& c = s.c;
+    const int64_t H = c.hidden_size, D = c.head_dim, ds = c.layer(s.layer).d_state;
+    const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, O = Hq * D;
+    const int64_t QKV = (Hq + Hkv) * ds + Hkv * D, N = s.layout.tokens();
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    float* h = s.be.scratch(ops::Scratch::Hidden, N * H);
+    float* qkv = s.be.scratch(ops::Scratch::QKV, N * QKV);
+    float* attn = s.be.scratch(ops::Scratch::Attn, N * O);
+    float* normed = s.be.scratch(ops::Scratch::Mid, N * O);
+    s.be.rms_norm(s.x, H, *w.in_norm, h, H, N, eps);
+    s.be.linear(*w.qkv, h, N, H, qkv, QKV);
+    const ops::AttentionShape shape{Hq, Hkv, D, 1.0f};
+    const ops::StateLayerView state{s.cache.state(s.layer).data<float>(), ds};
+    s.be.linear_attention_tokens(qkv, QKV, attn, O, s.layout, shape, w.decay.data(),
+                                 1.0f / std::sqrt(static_cast<float>(ds)), state);
+    s.be.rms_norm(attn, D, *w.out_norm, normed, D, N * Hq, eps);  // per head
+    if (s.last_only) s.keep_last_only(normed, O, O);
+    const int64_t n = s.layout.tokens();
+    float* tmp = s.be.scratch(ops::Scratch::Tmp, n * H);
+    s.be.linear(*w.o, normed, n, O, tmp, H);
+    s.be.add_inplace(s.x, tmp, n * H);
   }
 };
 

@@ -3,10 +3,12 @@
 // (KVCache::ring_k / ring_v, position p in slot p % ring_size): an append runs in chunks of at most
 // KVCache::kRingChunk tokens, each written into the ring and then attending to the keys
 // [p0 - W, p0 + n) gathered in order, which the ring (W + 1 + kRingChunk slots) still holds.
-// The packed inference forward is not wired yet: it refuses with a ValueError.
+// The packed inference forward does the same through the backend (rope_and_ring_write, then
+// ring_attention), per row and chunk of at most kRingChunk tokens.
 #include "model/blocks/sliding_attention.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "corelm/error.h"
 #include "corelm/ops.h"
@@ -14,6 +16,12 @@
 
 namespace corelm::model::blocks {
 namespace {
+
+struct Packed final : PackedBlock {
+  std::unique_ptr<ops::PackedVector> in_norm;
+  std::unique_ptr<ops::PackedLinear> qkv;  // [Q + 2 KV, H]
+  std::unique_ptr<ops::PackedLinear> o;    // [H, Q]
+};
 
 class SlidingAttention final : public Block {
  public:
@@ -73,13 +81,44 @@ class SlidingAttention final : public Block {
     return ops::add(x, ops::linear(a, p.get("self_attn.o_proj.weight"), p.get_opt("self_attn.o_proj.bias")));
   }
 
-  std::unique_ptr<PackedBlock> pack(const ModelConfig&, const LayerParams&, const ops::InferenceBackend&,
-                                    ops::WeightFormat) const override {
-    throw ValueError("sliding_attention layers have no packed inference path yet; use --precision f32 for scoring");
+  std::unique_ptr<PackedBlock> pack(const ModelConfig& c, const LayerParams& p, const ops::InferenceBackend& be,
+                                    ops::WeightFormat format) const override {
+    auto w = std::make_unique<Packed>();
+    w->in_norm = be.pack_vector(p.f32("input_layernorm.weight"), c.hidden_size);
+    w->qkv = pack_rows(be, p, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, c.hidden_size, format);
+    w->o = pack_rows(be, p, {"self_attn.o_proj"}, c.q_dim(), format);
+    return w;
   }
 
-  void infer(const PackedBlock&, InferenceStep&) const override {
-    throw ValueError("sliding_attention layers have no packed inference path yet");
+  void infer(const PackedBlock& packed, InferenceStep& s) const override {
+    const Packed& w = static_cast<const Packed&>(packed);
+    const ModelConfig& c = s.c;
+    const int64_t H = c.hidden_size, D = c.head_dim, Q = c.q_dim(), QKV = Q + 2 * c.kv_dim();
+    const int64_t N = s.layout.tokens(), T = s.layout.per_row;
+    float* h = s.be.scratch(ops::Scratch::Hidden, N * H);
+    float* qkv = s.be.scratch(ops::Scratch::QKV, N * QKV);
+    float* attn = s.be.scratch(ops::Scratch::Attn, N * Q);
+    const ops::AttentionShape shape{c.num_attention_heads, c.num_key_value_heads, D,
+                                    1.0f / std::sqrt(static_cast<float>(D))};
+    const ops::RingLayerView ring{s.cache.ring_k(s.layer).data<float>(), s.cache.ring_v(s.layer).data<float>(),
+                                  s.cache.ring_size(s.layer), c.layer(s.layer).window};
+    s.be.rms_norm(s.x, H, *w.in_norm, h, H, N, static_cast<float>(c.rms_norm_eps));
+    s.be.linear(*w.qkv, h, N, H, qkv, QKV);
+    // Per row, chunks of at most kRingChunk tokens: each chunk's keys are written, then attended
+    // while the ring still holds the oldest key its first query sees.
+    for (int64_t b = 0; b < s.layout.rows; ++b)
+      for (int64_t c0 = 0; c0 < T; c0 += KVCache::kRingChunk) {
+        const int64_t n = std::min(KVCache::kRingChunk, T - c0);
+        const ops::TokenLayout part{1, n, s.layout.offset + c0, s.layout.start + b, s.layout.cache_row + b};
+        float* q = qkv + (b * T + c0) * QKV;
+        s.be.rope_and_ring_write(q, QKV, part, s.rope, shape, ring);
+        s.be.ring_attention(q, QKV, attn + (b * T + c0) * Q, Q, part, shape, ring);
+      }
+    if (s.last_only) s.keep_last_only(attn, Q, Q);
+    const int64_t n = s.layout.tokens();
+    float* tmp = s.be.scratch(ops::Scratch::Tmp, n * H);
+    s.be.linear(*w.o, attn, n, Q, tmp, H);
+    s.be.add_inplace(s.x, tmp, n * H);
   }
 };
 
