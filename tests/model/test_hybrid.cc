@@ -437,5 +437,23 @@ TEST(HybridFast, RowsAreBitwiseBatchAndThreadInvariant) {
   }
 }
 
+// Memory per sequence at a context of 8192 (docs/BENCHMARKS.md, "Hybrid (issue 17)"): the
+// hybrid's rings and states do not grow with the context; tiny's KV cache does.
+TEST(HybridCache, MemoryPerSequenceIsFlat) {
+  const ModelConfig h = ModelConfig::preset("hybrid"), t = ModelConfig::preset("tiny");
+  auto per_sequence = [](const ModelConfig& c, int64_t ctx) {
+    KVCache k(c, 1, ctx);
+    return k.bytes_per_token() * ctx + k.fixed_bytes_per_row();
+  };
+  const int64_t h8k = per_sequence(h, 8192), t8k = per_sequence(t, 8192);
+  std::printf("cache bytes per sequence at 8192: hybrid %lld (at 256: %lld), tiny %lld (at 256: %lld)\n",
+              static_cast<long long>(h8k), static_cast<long long>(per_sequence(h, 256)), static_cast<long long>(t8k),
+              static_cast<long long>(per_sequence(t, 256)));
+  EXPECT_EQ(h8k, per_sequence(h, 256));
+  // 3 sliding layers x K and V x (256 + 1 + 64) slots x 32 floats + 3 linear states of 32 x 32.
+  EXPECT_EQ(h8k, 3 * 2 * (256 + 1 + KVCache::kRingChunk) * 32 * 4 + 3 * 32 * 32 * 4);
+  EXPECT_EQ(t8k, 6 * 2 * 2 * 64 * 4 * int64_t{8192});
+}
+
 }  // namespace
 }  // namespace corelm::model
