@@ -60,6 +60,13 @@ TEST(HybridTrainCli, FewStepsWithFullAndSampledLoss) {
       texts[i] = g.out;
     }
     std::printf("hybrid generate f32: '%s' bf16: '%s'\n", texts[0].c_str(), texts[1].c_str());
+    // Prompts of different lengths in one batch: rings and states cannot forget padding, so the
+    // generator prefills each length on its own; a prompt's text is the one it gets alone.
+    std::ofstream(dir / "prompts.txt") << "the cat\nsat on the mat and\n";
+    const CliResult batch = run_program("", {"generate", "--model", out, "--prompt-file", dir / "prompts.txt",
+                                             "--max-new-tokens", "6", "--temperature", "0"}, o);
+    ASSERT_EQ(batch.rc, 0) << batch.all();
+    EXPECT_NE(batch.out.find(texts[1]), std::string::npos) << batch.out;
   }
 }
 
