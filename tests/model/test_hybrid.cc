@@ -396,10 +396,11 @@ TEST(HybridFast, DecodeMatchesReferenceAndFastPrefill) {
     const double vs_ref = max_rel(decoded, ref), vs_prefill = max_rel(decoded, prefill);
     std::printf("hybrid fast path (%s, T 150): decode vs f32 reference max_rel %.2e, decode vs one-call prefill %.2e\n",
                 precision_name(prec), vs_ref, vs_prefill);
-    // bf16: test_fast_forward.cc's bound. int8: above test_int8_forward.cc's 0.08 -- the linear
+    // bf16: measured 1.98e-2 (avx2) / 1.99e-2 (reference ISA), inside test_fast_forward.cc's 2e-2
+    // but too close to assert it on every ISA, so 3e-2. int8: above test_int8_forward.cc's 0.08 -- the linear
     // blocks' per-head norm divides by rms(o), magnifying q/k/v rounding where a head's o is small
     // (measured on 2 layers of one kind, bf16: linear 2.4e-2, sliding 3.9e-3, full 3.8e-3).
-    EXPECT_LE(vs_ref, prec == Precision::BF16 ? 2e-2 : 0.15);
+    EXPECT_LE(vs_ref, prec == Precision::BF16 ? 3e-2 : 0.15);
     EXPECT_LE(vs_prefill, 1e-5);
     // Logits::Last gives the last row of Logits::All.
     KVCache last = m.make_cache(1, T);
