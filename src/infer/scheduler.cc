@@ -601,10 +601,20 @@ struct Scheduler::Impl {
   // One forward over the next chunk of each request, right-padded to `T` tokens; `final`: the
   // requests' last chunks, whose last real positions give the first tokens' logits.
   void prefill(const std::vector<Request*>& reqs, int64_t T, bool final) {
-    std::vector<int64_t> prows;
-    for (Request* r : reqs) prows.push_back(r->seqs[0]->slot);
     const int64_t C = opt.prefill_chunk;
     auto chunk_len = [&](const Request* r) { return std::min((r->pos / C + 1) * C, r->prompt_len) - r->pos; };
+    // Sliding-window rings and linear-attention states cannot forget padding: such a cache runs
+    // one forward per chunk length instead of one padded forward.
+    if (!cache->supports_prefix_blocks()) {
+      std::map<int64_t, std::vector<Request*>> by_len;
+      for (Request* r : reqs) by_len[chunk_len(r)].push_back(r);
+      if (by_len.size() > 1 || by_len.begin()->first != T) {
+        for (const auto& [len, group] : by_len) prefill(group, len, final);
+        return;
+      }
+    }
+    std::vector<int64_t> prows;
+    for (Request* r : reqs) prows.push_back(r->seqs[0]->slot);
     guarded(
         prows, reqs.size(),
         [&](const std::vector<size_t>& only) {
