@@ -6,6 +6,7 @@
 // The llama-bench matrix (--repetitions, --cache-type-k/-v, --kv-budget; include/corelm/bench_matrix.h):
 // tests "pp512", "tg128 @ d4096", ... at batch 1, each repeated N times (avg_ts, stddev_ts,
 // samples_ts), with the KV memory at each depth and the largest context a memory budget holds.
+#include <optional>
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -106,15 +107,30 @@ void fill_depth(const model::Decoder& d, model::KVCache& cache, int64_t depth, G
                      model::Logits::None);
 }
 
+// Puts every row back at `depth` before a timed repetition. A full KV cache just forgets the
+// positions after it; sliding-window rings and linear-attention states cannot be rewound, so such
+// a cache is restored from a copy taken at `depth` (O(window + state) bytes, inside the timing).
+void back_to_depth(model::KVCache& cache, const model::KVCache* saved, int64_t depth) {
+  for (int64_t r = 0; r < cache.batch(); ++r) {
+    if (saved && depth > 0) cache.copy_from(*saved, r, r, depth);
+    else cache.set_length(r, depth);
+  }
+}
+
 // Prefill of B x T tokens at `depth`, logits as asked; tokens/s.
 Rate prefill_rate(const model::Decoder& d, int64_t B, int64_t T, int64_t depth, model::Logits logits, double secs,
                     Generator& gen) {
   model::KVCache cache = d.make_cache(B, depth + T);
   fill_depth(d, cache, depth, gen);
+  std::optional<model::KVCache> saved;
+  if (!cache.supports_prefix_blocks()) {  // a deep copy (tensors share storage when copied)
+    saved.emplace(d.make_cache(B, depth + T));
+    for (int64_t r = 0; r < B && depth > 0; ++r) saved->copy_from(cache, r, r, depth);
+  }
   const Tensor ids = random_ids(B, T, d.config().vocab_size, gen);
   const auto rows = iota_rows(B);
   return rate(secs, [&] {
-    for (int64_t r = 0; r < B; ++r) cache.set_length(r, depth);
+    back_to_depth(cache, saved ? &*saved : nullptr, depth);
     d.forward_cached(ids, cache, rows, logits);
     return B * T;
   });
@@ -124,10 +140,15 @@ Rate prefill_rate(const model::Decoder& d, int64_t B, int64_t T, int64_t depth, 
 Rate decode_rate(const model::Decoder& d, int64_t B, int64_t steps, int64_t depth, double secs, Generator& gen) {
   model::KVCache cache = d.make_cache(B, depth + steps);
   fill_depth(d, cache, depth, gen);
+  std::optional<model::KVCache> saved;
+  if (!cache.supports_prefix_blocks()) {  // a deep copy (tensors share storage when copied)
+    saved.emplace(d.make_cache(B, depth + steps));
+    for (int64_t r = 0; r < B && depth > 0; ++r) saved->copy_from(cache, r, r, depth);
+  }
   const Tensor ids = random_ids(B, 1, d.config().vocab_size, gen);
   const auto rows = iota_rows(B);
   return rate(secs, [&] {
-    for (int64_t r = 0; r < B; ++r) cache.set_length(r, depth);
+    back_to_depth(cache, saved ? &*saved : nullptr, depth);
     for (int64_t s = 0; s < steps; ++s) d.forward_cached(ids, cache, rows, model::Logits::All);
     return B * steps;
   });
@@ -346,7 +367,7 @@ RegisterCommand reg([](CLI::App& root) {
   auto a = std::make_shared<BenchModelArgs>();
   CLI::App& bench = subcommand_group(root, "bench", "Benchmarks (JSON with --json)");
   CLI::App* c = bench.add_subcommand("model", "Model tokens/s on random weights: scoring, decode, training, grid");
-  c->add_option("--preset", a->preset, "model shape: tiny, small, smollm2-135m")->capture_default_str();
+  c->add_option("--preset", a->preset, "model shape: tiny, small, smollm2-135m, hybrid")->capture_default_str();
   c->add_option("--threads", a->threads, "compute threads")->capture_default_str();
   c->add_option("--precision", a->precision,
                 "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")

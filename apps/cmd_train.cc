@@ -459,7 +459,7 @@ int run(const TrainArgs& a) {
 RegisterCommand reg([](CLI::App& root) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* c = root.add_subcommand("train", "Train (or fine-tune with --sft) a decoder; under mpirun, data-parallel over the ranks");
-  c->add_option("--preset", a->preset, "model shape: tiny, small, smollm2-135m")->capture_default_str();
+  c->add_option("--preset", a->preset, "model shape: tiny, small, smollm2-135m, hybrid (docs/HYBRID.md)")->capture_default_str();
   c->add_option("--config", a->config, "a config.json instead of a preset");
   c->add_option("--init", a->init, "start from this model directory (fine-tuning)");
   c->add_option("--data", a->data, "text files (tokenized on the fly) or token files FILE.bin (+ FILE.bin.json)");

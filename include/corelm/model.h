@@ -86,7 +86,8 @@ struct ModelConfig {
   nlohmann::json to_json() const;                     // HF-compatible (architectures, model_type, ...)
   void save(const std::string& path) const;           // atomic write
 
-  // Shipped shapes: "tiny", "small", "smollm2-135m". ValueError lists the names for others.
+  // Shipped shapes: "tiny", "small", "smollm2-135m", "hybrid" (docs/HYBRID.md). ValueError lists
+  // the names for others.
   static ModelConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 
@@ -123,13 +124,31 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
 // head vectors (k_bytes(l) / v_bytes(l); formats in src/kernels/cpu/kv_quant.h). Each batch row has
 // its own length, so rows with prompts of different lengths decode together. Everything is
 // allocated up front; a type the head_dim does not fit is a ValueError naming it.
+// Per layer kind (ModelConfig::layer): Full layers hold the KV above; Sliding layers a ring of
+// ring_size(l) = window + 1 + kRingChunk f32 positions per row (ring_k / ring_v, position p in slot
+// p % ring_size; appends longer than kRingChunk are processed in chunks, so memory is O(window)
+// whatever the capacity); Linear layers the recurrent state [B, Hkv, d_state, D] f32 (state(l)).
+// The KVCacheTypes apply to Full layers only: rings and states are always f32. A row's length
+// still bounds its positions by the capacity. Rings and states cannot be rewound: set_length to a
+// shorter non-zero length is a ValueError on a cache with such layers (0 starts the row afresh).
 class KVCache {
  public:
   KVCache(const ModelConfig& config, int64_t batch, int64_t capacity, KVCacheTypes types = {});
   int64_t batch() const { return static_cast<int64_t>(lengths_.size()); }
   int64_t capacity() const { return capacity_; }
   int64_t layers() const { return static_cast<int64_t>(k_.size()); }
-  int64_t kv_heads() const { return k_.empty() ? 0 : k_[0].size(1); }
+  int64_t kv_heads() const { return kv_heads_; }
+  // Positions a sliding layer's ring holds beyond window + 1: the longest chunk one append step
+  // attends with (longer appends are split).
+  static constexpr int64_t kRingChunk = 64;
+  AttentionKind layer_kind(int64_t layer) const { return kinds_.at(static_cast<size_t>(layer)); }
+  int64_t ring_size(int64_t layer) const;  // Sliding layers: window + 1 + kRingChunk
+  Tensor& ring_k(int64_t layer);           // Sliding: f32 [B, Hkv, ring_size, D]
+  Tensor& ring_v(int64_t layer);
+  Tensor& state(int64_t layer);            // Linear: f32 [B, Hkv, d_state, D]
+  // False when some layer keeps a ring or a state: positions are then not separable blocks, so
+  // block_bytes / read_block / write_block are ValueErrors and prefix caches must not be used.
+  bool supports_prefix_blocks() const;
   int64_t head_dim() const { return head_dim_; }
   const KVCacheTypes& types() const { return types_; }
   int64_t length(int64_t row) const { return lengths_.at(row); }
@@ -143,8 +162,10 @@ class KVCache {
   Tensor& v_bytes(int64_t layer) { return v_.at(layer); }
   int64_t k_row_bytes() const { return k_row_bytes_; }  // bytes of one head vector
   int64_t v_row_bytes() const { return v_row_bytes_; }
-  // Bytes one position of one row takes over all layers, keys and values.
+  // Bytes one position of one row takes over all Full layers, keys and values.
   int64_t bytes_per_token() const;
+  // Bytes one row holds whatever its length: the Sliding rings and the Linear states.
+  int64_t fixed_bytes_per_row() const;
 
   // Head vectors as f32 <-> the stored encoding: positions [begin, begin + count) of kv head h of
   // `row` in layer `layer` (count * D floats). The reference path and tests use these; the fast
@@ -157,6 +178,8 @@ class KVCache {
   // Sharing computed positions between rows (a prompt's KV reused by n > 1 sequences, a prefix
   // cache). copy_row: positions [0, len) of every layer from row src to row dst, whose length
   // becomes len. copy_from: the same from a row of another cache of the same shape and types.
+  // Rings and states are copied whole, so with such layers len must be the source row's length
+  // (copy_from then also sets the destination's length to len).
   // Blocks: positions [begin, begin + count) of one row as block_bytes(count) bytes, copied as
   // stored (per layer: keys [Hkv, count, row bytes], then values); write_block sets no length.
   void copy_row(int64_t src, int64_t dst, int64_t len);
@@ -166,10 +189,14 @@ class KVCache {
   void write_block(int64_t row, int64_t begin, int64_t count, const uint8_t* in);
 
  private:
-  int64_t capacity_, head_dim_ = 0, k_row_bytes_ = 0, v_row_bytes_ = 0;
+  int64_t capacity_, head_dim_ = 0, k_row_bytes_ = 0, v_row_bytes_ = 0, kv_heads_ = 0;
   KVCacheTypes types_;
   std::vector<int64_t> lengths_;
-  std::vector<Tensor> k_, v_;
+  std::vector<AttentionKind> kinds_;
+  std::vector<Tensor> k_, v_;  // Full: the KV; Sliding: the rings; Linear: undefined
+  std::vector<Tensor> state_;  // Linear: the recurrent state; undefined otherwise
+  bool all_full_ = true;
+  void check_whole_row(const KVCache& src, int64_t src_row, int64_t len, const char* fn) const;
 };
 
 // Inference numerics. F32: the op-based reference path (fp32 everywhere, the yardstick).

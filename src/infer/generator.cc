@@ -166,11 +166,15 @@ class Session {
       if (!rows_[r].finished()) pending.push_back(static_cast<int64_t>(r));
     int64_t tokens = 0;
     std::vector<float> scratch(static_cast<size_t>(vocab_));
+    // A cache with sliding-window rings or linear-attention states (no position blocks) cannot
+    // forget padding afterwards: such rows are prefilled in groups of equal prompt length.
+    const bool can_pad = cache.supports_prefix_blocks();
     size_t begin = 0;
     while (begin < pending.size()) {
       size_t end = begin;
       int64_t t_max = 0;
       while (end < pending.size()) {
+        if (!can_pad && end > begin && rows_[pending[end]].prompt_len != rows_[pending[begin]].prompt_len) break;
         int64_t t = std::max(t_max, rows_[pending[end]].prompt_len);
         if (end > begin && static_cast<int64_t>(end - begin + 1) * t * vocab_ > opt_.max_prefill_floats) break;
         t_max = t;

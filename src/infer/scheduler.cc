@@ -357,7 +357,9 @@ struct Scheduler::Impl {
     // The longest run of cached blocks that ends before the last prompt token (always computed:
     // its logits pick the first token).
     const int64_t C = opt.prefill_chunk;
-    if (opt.prefix_cache_blocks > 0) {
+    // A cache with sliding-window rings or linear-attention states has no separable position
+    // blocks: such a model runs without the prefix cache.
+    if (opt.prefix_cache_blocks > 0 && cache->supports_prefix_blocks()) {
       while ((r.pos + C) <= r.prompt_len - 1) {
         const uint64_t h = hash_tokens(r.hash, req.prompt.data() + r.pos, C);
         auto it = blocks.find(h);
@@ -599,10 +601,20 @@ struct Scheduler::Impl {
   // One forward over the next chunk of each request, right-padded to `T` tokens; `final`: the
   // requests' last chunks, whose last real positions give the first tokens' logits.
   void prefill(const std::vector<Request*>& reqs, int64_t T, bool final) {
-    std::vector<int64_t> prows;
-    for (Request* r : reqs) prows.push_back(r->seqs[0]->slot);
     const int64_t C = opt.prefill_chunk;
     auto chunk_len = [&](const Request* r) { return std::min((r->pos / C + 1) * C, r->prompt_len) - r->pos; };
+    // Sliding-window rings and linear-attention states cannot forget padding: such a cache runs
+    // one forward per chunk length instead of one padded forward.
+    if (!cache->supports_prefix_blocks()) {
+      std::map<int64_t, std::vector<Request*>> by_len;
+      for (Request* r : reqs) by_len[chunk_len(r)].push_back(r);
+      if (by_len.size() > 1 || by_len.begin()->first != T) {
+        for (const auto& [len, group] : by_len) prefill(group, len, final);
+        return;
+      }
+    }
+    std::vector<int64_t> prows;
+    for (Request* r : reqs) prows.push_back(r->seqs[0]->slot);
     guarded(
         prows, reqs.size(),
         [&](const std::vector<size_t>& only) {
@@ -654,7 +666,7 @@ struct Scheduler::Impl {
     const int64_t C = opt.prefill_chunk;
     const int64_t begin = r.pos;
     r.pos += len;
-    if (opt.prefix_cache_blocks == 0 || len != C || begin % C != 0) return;
+    if (opt.prefix_cache_blocks == 0 || !cache->supports_prefix_blocks() || len != C || begin % C != 0) return;
     r.hash = hash_tokens(r.hash, r.req.prompt.data() + r.hashed, r.pos - r.hashed);
     r.hashed = r.pos;
     auto it = blocks.find(r.hash);

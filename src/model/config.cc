@@ -219,11 +219,15 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     if (arch.rfind("Qwen2", 0) == 0) type = "qwen2";
     if (arch.rfind("Llama", 0) == 0) type = "llama";
     if (arch.rfind("Mistral", 0) == 0) type = "mistral";
+    if (arch.rfind("CorelmHybrid", 0) == 0) type = "corelm_hybrid";
   }
   CORELM_CHECK(!type.empty(), FormatError, source, ": missing required field 'model_type' (\"llama\" or \"qwen2\")");
   // Mistral is a Llama without biases whose layers all slide (sliding_window; null: none).
   const bool mistral = type == "mistral";
   if (mistral) type = "llama";
+  // corelm's hybrid (docs/HYBRID.md) is a Llama whose layers pick their kind from layer_types; it
+  // is named apart only so that transformers refuses it instead of running a plain Llama.
+  if (type == "corelm_hybrid") type = "llama";
   CORELM_CHECK(type == "llama" || type == "qwen2", FormatError, source, ": field 'model_type' is '", type,
                "'; supported: llama, mistral, qwen2");
   c.model_type = type;
@@ -359,6 +363,12 @@ json ModelConfig::to_json() const {
     j["architectures"] = json::array({"MistralForCausalLM"});
     j["model_type"] = "mistral";
   }
+  // Linear-attention layers exist nowhere else: name the architecture corelm's own, so that no
+  // other library loads the checkpoint as a Llama and silently computes something else.
+  if (!qwen && d_state > 0) {
+    j["architectures"] = json::array({"CorelmHybridForCausalLM"});
+    j["model_type"] = "corelm_hybrid";
+  }
   if (qwen) {
     j["use_sliding_window"] = window > 0;
     j["sliding_window"] = window > 0 ? window : max_position_embeddings;
@@ -438,14 +448,25 @@ int64_t ModelConfig::num_parameters(bool include_embeddings) const {
   int64_t attn = hidden_size * q + 2 * hidden_size * kv + q * hidden_size;
   if (attention_bias) attn += q + 2 * kv + (model_type == "llama" ? hidden_size : 0);
   const int64_t mlp = 3 * hidden_size * intermediate_size;
-  const int64_t per_layer = attn + mlp + 2 * hidden_size;
-  int64_t n = num_hidden_layers * per_layer + hidden_size;
+  int64_t n = hidden_size;  // the final norm
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    const LayerSpec s = layer(l);
+    int64_t mixer = attn;
+    if (s.attention == AttentionKind::Linear) {
+      // q/k of d_state per head, v/o of head_dim, the decay [Hkv, d_state] and out_norm [head_dim]
+      // (docs/HYBRID.md); no biases.
+      const int64_t ds = s.d_state;
+      mixer = hidden_size * (num_attention_heads * ds + num_key_value_heads * ds + kv + q) +
+              num_key_value_heads * ds + d;
+    }
+    n += mixer + mlp + 2 * hidden_size;
+  }
   if (include_embeddings) n += vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2);
   n += static_cast<int64_t>(labels.size()) * hidden_size;
   return n;
 }
 
-std::vector<std::string> ModelConfig::preset_names() { return {"tiny", "small", "smollm2-135m"}; }
+std::vector<std::string> ModelConfig::preset_names() { return {"tiny", "small", "smollm2-135m", "hybrid"}; }
 
 ModelConfig ModelConfig::preset(const std::string& name) {
   ModelConfig c;
@@ -480,6 +501,20 @@ ModelConfig ModelConfig::preset(const std::string& name) {
     c.max_position_embeddings = 8192;
     c.rope_theta = 100000.0;
     c.initializer_range = 0.041666666666666664;
+  } else if (name == "hybrid") {
+    // docs/HYBRID.md: bounded-context layers for one CPU core; bos_isolation is opt-in (it needs
+    // a tokenizer's BOS id, which a preset does not know).
+    c.vocab_size = 16384;
+    c.hidden_size = 256;
+    c.num_hidden_layers = 6;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.head_dim = 32;
+    c.intermediate_size = 640;
+    c.max_position_embeddings = 8192;
+    const LayerSpec lin{AttentionKind::Linear, 0, 32, FfnKind::Dense};
+    const LayerSpec swa{AttentionKind::Sliding, 256, 0, FfnKind::Dense};
+    c.layers = {lin, swa, swa, lin, swa, lin};
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;

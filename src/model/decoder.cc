@@ -13,6 +13,7 @@
 #include "corelm/ops.h"
 #include "corelm/random.h"
 #include "model/blocks/block.h"
+#include "model/blocks/linear_attention.h"
 #include "model/fast_forward.h"
 
 namespace corelm::model {
@@ -32,6 +33,23 @@ void check_ids(const Tensor& ids, const char* fn) {
   CORELM_CHECK(ids.dim() == 2, ShapeError, "Decoder::", fn, ": ids must be [B, T], got ", shape_str(ids.shape()));
 }
 
+// bos_isolation's document index: the running count of BOS tokens along each row (a BOS opens a
+// new document; tokens before the first BOS are document 0), i64 [B, T].
+Tensor bos_doc_ids(const Tensor& ids, int64_t bos) {
+  const int64_t B = ids.size(0), T = ids.size(1);
+  const std::vector<int64_t> tok = ids.to_int_vector();
+  Tensor out = Tensor::empty({B, T}, DType::I64);
+  int64_t* d = out.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t doc = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (tok[static_cast<size_t>(b * T + t)] == bos) ++doc;
+      d[b * T + t] = doc;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& config) {
@@ -44,8 +62,8 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
     const std::string p = layer_prefix(l);
     const blocks::LayerBlocks kinds = blocks::layer_blocks(config, l);
     blocks::ShapeList norms;
-    kinds.mixer->parameter_shapes(config, p, out, norms);
-    kinds.ffn->parameter_shapes(config, p, out, norms);
+    kinds.mixer->parameter_shapes(config, l, p, out, norms);
+    kinds.ffn->parameter_shapes(config, l, p, out, norms);
     out.insert(out.end(), norms.begin(), norms.end());
   }
   out.emplace_back("model.norm.weight", Shape{H});
@@ -60,12 +78,6 @@ Decoder::Decoder(ModelConfig config) : config_(std::move(config)) {
     config_.head_dim = config_.hidden_size / config_.num_attention_heads;
   }
   config_.validate();
-  // The per-layer specs parse and round-trip; the sliding-window and linear-attention blocks are
-  // not wired into the decoder yet (issue 17), so refuse rather than compute full attention.
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l)
-    CORELM_CHECK(config_.layer(l).attention == AttentionKind::Full, ValueError, "Decoder: layer ", l, " is ",
-                 attention_kind_name(config_.layer(l).attention),
-                 "; this build's decoder computes full_attention layers only");
   for (auto& [name, shape] : parameter_shapes(config_)) {
     index_[name] = params_.size();
     params_.emplace_back(name, Tensor::zeros(shape));
@@ -80,6 +92,12 @@ void Decoder::init_weights(uint64_t seed) {
   for (auto& [name, t] : params_) {
     if (ends_with(name, "norm.weight")) {
       t.fill_(1.0);
+    } else if (ends_with(name, "self_attn.decay")) {
+      // Deterministic (docs/HYBRID.md): the channels' half-lives spread geometrically.
+      const std::vector<float> row = blocks::linear_attention_decay_init(t.size(1));
+      Tensor w = Tensor::empty(t.shape());
+      for (int64_t g = 0; g < t.size(0); ++g) std::copy(row.begin(), row.end(), w.data<float>() + g * t.size(1));
+      t.copy_(w);
     } else if (ends_with(name, ".bias")) {
       t.fill_(0.0);
     } else {
@@ -222,11 +240,14 @@ Tensor Decoder::forward_hidden(const Tensor& ids) const {
   }
   auto param = [&](const std::string& name) -> const Tensor& { return params_[index_.at(name)].second; };
   Tensor x = ops::reshape(ops::embedding(param("model.embed_tokens.weight"), ids), {B * T, H});
+  blocks::ForwardContext ctx{B, T, 0, Tensor()};
+  if (config_.bos_isolation) ctx.doc_ids = bos_doc_ids(ids, config_.bos_token_id);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const blocks::LayerParams p(params_, index_, l);
     const blocks::LayerBlocks kinds = blocks::layer_blocks(config_, l);
-    x = kinds.mixer->forward(config_, p, x, B, T);
-    x = kinds.ffn->forward(config_, p, x, B, T);
+    ctx.layer = l;
+    x = kinds.mixer->forward(config_, p, x, ctx);
+    x = kinds.ffn->forward(config_, p, x, ctx);
   }
   x = ops::rms_norm(x, param("model.norm.weight"), static_cast<float>(config_.rms_norm_eps));
   return ops::reshape(x, {B, T, H});

@@ -143,10 +143,8 @@ void check_supported(json& c, const std::string& source) {
     if (has("sliding_window")) {
       CORELM_CHECK(c["sliding_window"].is_number_integer(), FormatError, source,
                    ": field 'sliding_window' must be an integer or null");
-      const int64_t window = c["sliding_window"].get<int64_t>();
-      CORELM_CHECK(window >= max_pos, FormatError, source, ": field 'sliding_window' is ", window,
-                   " (< max_position_embeddings ", max_pos,
-                   "): sliding-window attention is not supported; only Mistral-style models without it load");
+      // A real window stays Mistral: ModelConfig::from_json makes every layer a sliding layer.
+      if (c["sliding_window"].get<int64_t>() < max_pos) return;
     }
     c["model_type"] = "llama";
     c["architectures"] = json::array({"LlamaForCausalLM"});

@@ -18,6 +18,8 @@
 #include "kernels/cpu/linear_int8.h"
 #include "kernels/cpu/linear_q4.h"
 #include "ops/inference_backend.h"
+#include "ops/linear_attention_step.h"
+#include "ops/sliding_attention_ring.h"
 
 namespace corelm::ops {
 namespace {
@@ -182,6 +184,14 @@ class CpuBackend final : public InferenceBackend {
   void cached_attention(const float* q, int64_t ldq, float* out, int64_t ldo, const TokenLayout& layout,
                         const AttentionShape& shape, const KVLayerView& cache) const override;
 
+  void rope_and_ring_write(float* qkv, int64_t ldqkv, const TokenLayout& layout, const RopeTable& rope,
+                           const AttentionShape& shape, const RingLayerView& ring) const override;
+  void ring_attention(const float* q, int64_t ldq, float* out, int64_t ldo, const TokenLayout& layout,
+                      const AttentionShape& shape, const RingLayerView& ring) const override;
+  void linear_attention_tokens(const float* qkv, int64_t ldqkv, float* out, int64_t ldo, const TokenLayout& layout,
+                               const AttentionShape& shape, const float* decay, float scale,
+                               const StateLayerView& state) const override;
+
   void lm_head(const PackedHead& head, const float* hidden, int64_t n, float* logits) const override {
     const CpuHead& h = cpu(head);
     int64_t col = 0;
@@ -226,6 +236,56 @@ void CpuBackend::rope_and_cache_write(float* qkv, int64_t ldqkv, const TokenLayo
       }
     }
   }
+}
+
+void CpuBackend::rope_and_ring_write(float* qkv, int64_t ldqkv, const TokenLayout& layout, const RopeTable& rope,
+                                     const AttentionShape& shape, const RingLayerView& ring) const {
+  const kernels::RopeTable& table = cpu(rope);
+  const int64_t Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim, Q = Hq * D, KV = Hkv * D;
+  for (int64_t i = 0; i < layout.tokens(); ++i) {
+    const int64_t pos = layout.position(i);
+    float* row = qkv + i * ldqkv;
+    kernels::fused_rope_inplace(row, Hq, table, pos);
+    kernels::fused_rope_inplace(row + Q, Hkv, table, pos);
+    const int64_t r = layout.cache_row[layout.row_of(i)];
+    for (int64_t g = 0; g < Hkv; ++g) {
+      const int64_t at = ((r * Hkv + g) * ring.ring + sliding_ring_slot(pos, ring.ring)) * D;
+      std::memcpy(ring.k + at, row + Q + g * D, static_cast<size_t>(D) * sizeof(float));
+      std::memcpy(ring.v + at, row + Q + KV + g * D, static_cast<size_t>(D) * sizeof(float));
+    }
+  }
+}
+
+void CpuBackend::ring_attention(const float* q, int64_t ldq, float* out, int64_t ldo, const TokenLayout& layout,
+                                const AttentionShape& shape, const RingLayerView& ring) const {
+  const int64_t Hkv = shape.kv_heads, D = shape.head_dim, T = layout.per_row;
+  const SlidingRingShape rs{shape.q_heads, Hkv, D, ring.ring, ring.window, 0, shape.scale};
+  for (int64_t b = 0; b < layout.rows; ++b) {
+    const int64_t base = layout.cache_row[b] * Hkv * ring.ring * D;
+    sliding_ring_attention(q + b * T * ldq, ldq, ring.k + base, ring.v + base, out + b * T * ldo, ldo, T,
+                           layout.start[b] + layout.offset, rs);
+  }
+}
+
+void CpuBackend::linear_attention_tokens(const float* qkv, int64_t ldqkv, float* out, int64_t ldo,
+                                         const TokenLayout& layout, const AttentionShape& shape, const float* decay,
+                                         float scale, const StateLayerView& state) const {
+  const int64_t Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim, ds = state.state_dim;
+  const LinearAttentionStepShape ls{Hq, Hkv, ds, D};
+  const int64_t per_state = Hkv * ds * D;
+  // The recurrence is sequential along a row; rows are independent, so a row's result never
+  // depends on the others or on the thread count.
+  parallel_for(layout.rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      float* S = state.state + layout.cache_row[b] * per_state;
+      for (int64_t t = 0; t < layout.per_row; ++t) {
+        const int64_t i = b * layout.per_row + t;
+        if (layout.position(i) == 0) std::fill(S, S + per_state, 0.0f);
+        const float* row = qkv + i * ldqkv;
+        linear_attention_step(S, row, row + Hq * ds, row + (Hq + Hkv) * ds, decay, out + i * ldo, ls, scale);
+      }
+    }
+  });
 }
 
 void CpuBackend::cached_attention(const float* q, int64_t ldq, float* out, int64_t ldo, const TokenLayout& layout,

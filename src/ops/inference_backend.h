@@ -70,6 +70,21 @@ struct KVLayerView {
   int64_t capacity = 0;
 };
 
+// One sliding-window layer's rings: keys and values each f32 [rows, kv_heads, ring, head_dim],
+// position p of a row in slot p % ring (ops/sliding_attention_ring.h); a query sees itself and the
+// `window` positions before it.
+struct RingLayerView {
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t ring = 0, window = 0;
+};
+
+// One linear-attention layer's recurrent states: f32 [rows, kv_heads, state_dim, head_dim].
+struct StateLayerView {
+  float* state = nullptr;
+  int64_t state_dim = 0;
+};
+
 // Heads of a GQA attention: query head h reads kv head h / (q_heads / kv_heads).
 struct AttentionShape {
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
@@ -137,6 +152,22 @@ class InferenceBackend {
   // positions 0 ..= the token's position (already written); out + i * ldo gets q_heads * head_dim.
   virtual void cached_attention(const float* q, int64_t ldq, float* out, int64_t ldo, const TokenLayout& layout,
                                 const AttentionShape& shape, const KVLayerView& cache) const = 0;
+
+  // Sliding-window attention over rings. rope_and_ring_write: as rope_and_cache_write, into slot
+  // position % ring. ring_attention: each token's queries against its row's ring, keys
+  // max(0, position - window) ..= position (all written). The caller keeps a call's per_row small
+  // enough that the ring still holds every key its first query sees (ops::sliding_ring_required).
+  virtual void rope_and_ring_write(float* qkv, int64_t ldqkv, const TokenLayout& layout, const RopeTable& rope,
+                                   const AttentionShape& shape, const RingLayerView& ring) const = 0;
+  virtual void ring_attention(const float* q, int64_t ldq, float* out, int64_t ldo, const TokenLayout& layout,
+                              const AttentionShape& shape, const RingLayerView& ring) const = 0;
+  // Log-decay linear attention, token by token per row (ops/linear_attention_step.h): the row
+  // qkv + i * ldqkv holds q (q_heads x state_dim), k (kv_heads x state_dim), v (kv_heads x
+  // head_dim); each token updates its cache row's state (zeroed first at position 0) and writes
+  // q_heads x head_dim outputs to out + i * ldo. decay [kv_heads, state_dim] = exp(log-decay), host.
+  virtual void linear_attention_tokens(const float* qkv, int64_t ldqkv, float* out, int64_t ldo,
+                                       const TokenLayout& layout, const AttentionShape& shape, const float* decay,
+                                       float scale, const StateLayerView& state) const = 0;
 
   // ---- head
   // hidden [n, k] contiguous -> logits [n, V] (row stride V).

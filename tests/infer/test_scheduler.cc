@@ -285,6 +285,43 @@ TEST_F(SchedulerTest, LastChunksOfDifferentLengthsShareAPaddedForward) {
   }
 }
 
+// A hybrid decoder (linear + sliding layers: rings and states that cannot forget padding, no
+// prefix blocks): last chunks of different lengths still give each request its solo tokens.
+TEST_F(SchedulerTest, HybridCacheChunksOfDifferentLengthsEqualSoloRuns) {
+  SchedulerOptions o = small_options();
+  o.slots = 5;
+  o.step_token_budget = 64;
+  model::ModelConfig hc = model_->config();
+  hc.layers.assign(static_cast<size_t>(hc.num_hidden_layers), model::LayerSpec{model::AttentionKind::Sliding, 3, 0,
+                                                                                 model::FfnKind::Dense});
+  hc.layers[0] = model::LayerSpec{model::AttentionKind::Linear, 0, 8, model::FfnKind::Dense};
+  for (bool fast : {false, true}) {
+    model::Decoder d(hc);
+    d.init_weights(5);
+    if (fast) d.prepare_inference();
+    TextGenerator gen(d, *tokenizer_);
+    Scheduler s(d, *tokenizer_, o);
+    auto blocker = std::make_shared<Recorder>();
+    blocker->block_first_token = true;
+    s.submit(greedy(prompt(3, 1), 2), blocker);
+    std::this_thread::sleep_for(20ms);
+    std::vector<SequenceRequest> reqs;
+    std::vector<std::shared_ptr<Recorder>> got;
+    for (int64_t len : {5, 7, 4, 14}) {
+      reqs.push_back(len % 2 ? sampled(prompt(len, len), 8, 3) : greedy(prompt(len, len), 8));
+      got.push_back(std::make_shared<Recorder>());
+      s.submit(reqs.back(), got.back());
+    }
+    blocker->release();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(got[i]->wait());
+      EXPECT_EQ(got[i]->error, "") << "request " << i;
+      EXPECT_EQ(got[i]->tokens[0], gen.generate_ids({reqs[i].prompt}, gen_options(reqs[i])).front().tokens)
+          << "request " << i << (fast ? " fast path" : " reference path");
+    }
+  }
+}
+
 TEST_F(SchedulerTest, SlotRecyclingServesMoreRequestsThanSlots) {
   SchedulerOptions o = small_options();
   o.slots = 3;

@@ -254,10 +254,23 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_pair(json{{"num_local_experts", 8}}, "'num_local_experts' (mixture of experts)"),
                       std::make_pair(json{{"kv_lora_rank", 512}}, "'kv_lora_rank' (multi-head latent attention"),
                       std::make_pair(json{{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}, "'rope_scaling'"),
-                      std::make_pair(json{{"model_type", "mistral"}, {"sliding_window", 16}},
-                                     "sliding-window attention is not supported"),
                       std::make_pair(json{{"model_type", "qwen2"}, {"use_sliding_window", true}, {"sliding_window", 8}},
                                      "'use_sliding_window'")));
+
+TEST(MistralConfig, WithASlidingWindowLoadsWithEveryLayerSliding) {
+  TempDir dir;
+  model::save_model(random_checkpoint(small_config("llama", true), 1), dir / "m", {});
+  json c = json::parse(std::ifstream(dir / "m/config.json"));
+  c["model_type"] = "mistral";
+  c["sliding_window"] = 3;
+  write_text(dir / "m/config.json", c.dump());
+  Checkpoint back = model::load_model(dir / "m", no_tokenizer());
+  const model::ModelConfig& mc = back.model.decoder.config();
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+    EXPECT_EQ(mc.layer(l).attention, model::AttentionKind::Sliding) << l;
+    EXPECT_EQ(mc.layer(l).window, 3) << l;
+  }
+}
 
 TEST(MistralConfig, WithoutSlidingWindowLoadsAsLlama) {
   TempDir dir;

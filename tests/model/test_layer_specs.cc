@@ -66,7 +66,7 @@ TEST(LayerSpecs, HybridLayerTypesRoundTrip) {
   EXPECT_EQ(out["sliding_window"], 256);
   EXPECT_EQ(out["linear_attention_state_size"], 32);
   EXPECT_EQ(out["bos_isolation"], true);
-  EXPECT_EQ(out["model_type"], "llama");  // mixed kinds are not Mistral
+  EXPECT_EQ(out["model_type"], "corelm_hybrid");  // mixed kinds with linear layers: corelm's own
   ModelConfig back = ModelConfig::from_json(out);
   EXPECT_EQ(back.layers, c.layers);
   EXPECT_EQ(back.to_json(), out);
@@ -145,10 +145,11 @@ TEST(LayerSpecs, BadSpecsAreErrorsNamingTheField) {
   expect_error<ValueError>([&] { parse_attention_kind("swa"); }, "full_attention, sliding_attention");
 }
 
-TEST(LayerSpecs, DecoderRefusesKindsItDoesNotComputeYet) {
+TEST(LayerSpecs, DecoderBuildsEveryKind) {
   json j = base_json("mistral", 2);
   j["sliding_window"] = 4;
-  expect_error<ValueError>([&] { Decoder d(ModelConfig::from_json(j)); }, "layer 0 is sliding_attention");
+  Decoder d(ModelConfig::from_json(j));
+  EXPECT_TRUE(d.has_parameter("model.layers.1.self_attn.q_proj.weight"));
 }
 
 }  // namespace

@@ -37,6 +37,11 @@ CASES = {
         vocab_size=300, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=True), 2, 13),
+    # A real sliding window (4, far below T = 20): every layer slides (corelm's sliding block).
+    "mistral": ("MistralForCausalLM", dict(
+        vocab_size=300, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=4,
+        rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False), 2, 20),
 }
 
 # Weights larger than HF's default 0.02 so attention is far from uniform and every path matters.

@@ -16,7 +16,8 @@ except ImportError as e:
     print(f"transformers/safetensors not importable ({e}): run scripts/setup --test", file=sys.stderr)
     sys.exit(NO_TORCH_EXIT)
 
-CONFIG_CLASSES = {"LlamaForCausalLM": transformers.LlamaConfig, "Qwen2ForCausalLM": transformers.Qwen2Config}
+CONFIG_CLASSES = {"LlamaForCausalLM": transformers.LlamaConfig, "Qwen2ForCausalLM": transformers.Qwen2Config,
+                  "MistralForCausalLM": transformers.MistralConfig}
 
 
 def random_causal_lm(arch, fields, seed, weight_std):

@@ -24,7 +24,7 @@ constexpr double kLogitsTol = 3e-5;  // max_rel, f32 (measured <= 3.1e-6 with th
 constexpr double kGradTol = 1e-4;    // max_rel per parameter, f32 (measured <= 7.2e-6)
 
 const std::vector<std::string>& case_names() {
-  static const std::vector<std::string> names = {"llama", "qwen2", "llama_bias"};
+  static const std::vector<std::string> names = {"llama", "qwen2", "llama_bias", "mistral"};
   return names;
 }
 

@@ -42,41 +42,61 @@ ops::KVLayerView view_of(KVCache& cache, int64_t layer) {
   return v;
 }
 
+}  // namespace
+
+// The training forward of full (window 0) and sliding-window attention: they differ only in
+// which keys a query sees. With doc_ids (bos_isolation) both go through the sliding-window op,
+// which masks keys of other documents; a plain full layer keeps the causal op.
+Tensor attention_forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, const ForwardContext& ctx,
+                         int64_t window) {
+  const int64_t B = ctx.B, T = ctx.T, D = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
+  Tensor h = ops::rms_norm(x, p.get("input_layernorm.weight"), eps);
+  Tensor q = ops::rope(split_heads(ops::linear(h, p.get("self_attn.q_proj.weight"), p.get_opt("self_attn.q_proj.bias")),
+                                   B, T, c.num_attention_heads, D),
+                       theta);
+  Tensor k = ops::rope(split_heads(ops::linear(h, p.get("self_attn.k_proj.weight"), p.get_opt("self_attn.k_proj.bias")),
+                                   B, T, c.num_key_value_heads, D),
+                       theta);
+  Tensor v = split_heads(ops::linear(h, p.get("self_attn.v_proj.weight"), p.get_opt("self_attn.v_proj.bias")), B, T,
+                         c.num_key_value_heads, D);
+  Tensor o = window == 0 && !ctx.doc_ids.defined() ? ops::causal_attention(q, k, v)
+                                                   : ops::sliding_window_attention(q, k, v, window, ctx.doc_ids);
+  Tensor a = merge_heads(o, B, T, D);
+  return ops::add(x, ops::linear(a, p.get("self_attn.o_proj.weight"), p.get_opt("self_attn.o_proj.bias")));
+}
+
+void attention_parameter_shapes(const ModelConfig& c, const std::string& p, ShapeList& proj, ShapeList& norms) {
+  const int64_t D = head_dim_of(c), H = c.hidden_size;
+  const int64_t Q = c.num_attention_heads * D, KV = c.num_key_value_heads * D;
+  const bool bias = c.attention_bias;
+  // Llama's attention_bias also puts a bias on o_proj; Qwen2 biases only q/k/v.
+  const bool o_bias = bias && c.model_type == "llama";
+  proj.emplace_back(p + "self_attn.q_proj.weight", Shape{Q, H});
+  if (bias) proj.emplace_back(p + "self_attn.q_proj.bias", Shape{Q});
+  proj.emplace_back(p + "self_attn.k_proj.weight", Shape{KV, H});
+  if (bias) proj.emplace_back(p + "self_attn.k_proj.bias", Shape{KV});
+  proj.emplace_back(p + "self_attn.v_proj.weight", Shape{KV, H});
+  if (bias) proj.emplace_back(p + "self_attn.v_proj.bias", Shape{KV});
+  proj.emplace_back(p + "self_attn.o_proj.weight", Shape{H, Q});
+  if (o_bias) proj.emplace_back(p + "self_attn.o_proj.bias", Shape{H});
+  norms.emplace_back(p + "input_layernorm.weight", Shape{H});
+}
+
+namespace {
+
 class FullAttention final : public Block {
  public:
   const char* kind() const override { return "attention"; }
 
-  void parameter_shapes(const ModelConfig& c, const std::string& p, ShapeList& proj, ShapeList& norms) const override {
-    const int64_t D = head_dim_of(c), H = c.hidden_size;
-    const int64_t Q = c.num_attention_heads * D, KV = c.num_key_value_heads * D;
-    const bool bias = c.attention_bias;
-    // Llama's attention_bias also puts a bias on o_proj; Qwen2 biases only q/k/v.
-    const bool o_bias = bias && c.model_type == "llama";
-    proj.emplace_back(p + "self_attn.q_proj.weight", Shape{Q, H});
-    if (bias) proj.emplace_back(p + "self_attn.q_proj.bias", Shape{Q});
-    proj.emplace_back(p + "self_attn.k_proj.weight", Shape{KV, H});
-    if (bias) proj.emplace_back(p + "self_attn.k_proj.bias", Shape{KV});
-    proj.emplace_back(p + "self_attn.v_proj.weight", Shape{KV, H});
-    if (bias) proj.emplace_back(p + "self_attn.v_proj.bias", Shape{KV});
-    proj.emplace_back(p + "self_attn.o_proj.weight", Shape{H, Q});
-    if (o_bias) proj.emplace_back(p + "self_attn.o_proj.bias", Shape{H});
-    norms.emplace_back(p + "input_layernorm.weight", Shape{H});
+  void parameter_shapes(const ModelConfig& c, int64_t layer, const std::string& p, ShapeList& proj,
+                        ShapeList& norms) const override {
+    (void)layer;
+    attention_parameter_shapes(c, p, proj, norms);
   }
 
-  Tensor forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, int64_t B, int64_t T) const override {
-    const int64_t D = c.head_dim;
-    const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
-    Tensor h = ops::rms_norm(x, p.get("input_layernorm.weight"), eps);
-    Tensor q = ops::rope(split_heads(ops::linear(h, p.get("self_attn.q_proj.weight"), p.get_opt("self_attn.q_proj.bias")),
-                                     B, T, c.num_attention_heads, D),
-                         theta);
-    Tensor k = ops::rope(split_heads(ops::linear(h, p.get("self_attn.k_proj.weight"), p.get_opt("self_attn.k_proj.bias")),
-                                     B, T, c.num_key_value_heads, D),
-                         theta);
-    Tensor v = split_heads(ops::linear(h, p.get("self_attn.v_proj.weight"), p.get_opt("self_attn.v_proj.bias")), B, T,
-                           c.num_key_value_heads, D);
-    Tensor a = merge_heads(ops::causal_attention(q, k, v), B, T, D);
-    return ops::add(x, ops::linear(a, p.get("self_attn.o_proj.weight"), p.get_opt("self_attn.o_proj.bias")));
+  Tensor forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, const ForwardContext& ctx) const override {
+    return attention_forward(c, p, x, ctx, 0);
   }
 
   Tensor forward_cached(const ModelConfig& c, const LayerParams& p, const Tensor& x, KVCache& cache, int64_t l,

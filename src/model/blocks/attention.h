@@ -8,4 +8,11 @@ namespace corelm::model::blocks {
 
 const Block& full_attention();
 
+// Shared with the sliding-window block (blocks/sliding_attention.cc), whose parameters and
+// training forward are full attention's with a window: window 0 is unbounded.
+void attention_parameter_shapes(const ModelConfig& c, const std::string& prefix, ShapeList& projections,
+                                ShapeList& norms);
+Tensor attention_forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, const ForwardContext& ctx,
+                         int64_t window);
+
 }  // namespace corelm::model::blocks

@@ -87,6 +87,15 @@ class PackedBlock {
 
 using ShapeList = std::vector<std::pair<std::string, Shape>>;
 
+// What a training forward needs beyond the layer's parameters: the batch shape, the layer index
+// (its LayerSpec: window, d_state) and, with bos_isolation, doc_ids [B, T] (i64: the running count
+// of BOS tokens along each row; undefined otherwise) that every mixer must respect.
+struct ForwardContext {
+  int64_t B = 0, T = 0;
+  int64_t layer = 0;
+  Tensor doc_ids;
+};
+
 // One block kind. Stateless: the weights are the decoder's parameters (or a PackedBlock).
 class Block {
  public:
@@ -94,16 +103,16 @@ class Block {
   virtual const char* kind() const = 0;
   // Appends the block's parameters of layer `prefix`: projections (and biases) to `projections`,
   // norm weights to `norms` (HF lists a layer's projections first, then its norms).
-  virtual void parameter_shapes(const ModelConfig& c, const std::string& prefix, ShapeList& projections,
+  virtual void parameter_shapes(const ModelConfig& c, int64_t layer, const std::string& prefix, ShapeList& projections,
                                 ShapeList& norms) const = 0;
   // Training / full-sequence forward: x [B*T, H] -> x + block(norm(x)), on the tape.
-  virtual Tensor forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, int64_t B, int64_t T) const = 0;
+  virtual Tensor forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, const ForwardContext& ctx) const = 0;
   // The reference incremental forward (no tape): x [B*T, H] for the rows in `at`, appended to
   // their cache state in layer `layer`. Blocks without state run forward().
   virtual Tensor forward_cached(const ModelConfig& c, const LayerParams& p, const Tensor& x, KVCache& cache,
                                 int64_t layer, const CachedRows& at) const {
-    (void)cache, (void)layer;
-    return forward(c, p, x, at.B, at.T);
+    (void)cache;
+    return forward(c, p, x, ForwardContext{at.B, at.T, layer, Tensor()});
   }
   virtual std::unique_ptr<PackedBlock> pack(const ModelConfig& c, const LayerParams& p, const ops::InferenceBackend& be,
                                             ops::WeightFormat format) const = 0;

@@ -18,7 +18,8 @@ class DenseFfn final : public Block {
  public:
   const char* kind() const override { return "dense_ffn"; }
 
-  void parameter_shapes(const ModelConfig& c, const std::string& p, ShapeList& proj, ShapeList& norms) const override {
+  void parameter_shapes(const ModelConfig& c, int64_t, const std::string& p, ShapeList& proj,
+                        ShapeList& norms) const override {
     const int64_t H = c.hidden_size, I = c.intermediate_size;
     proj.emplace_back(p + "mlp.gate_proj.weight", Shape{I, H});
     proj.emplace_back(p + "mlp.up_proj.weight", Shape{I, H});
@@ -26,7 +27,7 @@ class DenseFfn final : public Block {
     norms.emplace_back(p + "post_attention_layernorm.weight", Shape{H});
   }
 
-  Tensor forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, int64_t, int64_t) const override {
+  Tensor forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, const ForwardContext&) const override {
     Tensor h = ops::rms_norm(x, p.get("post_attention_layernorm.weight"), static_cast<float>(c.rms_norm_eps));
     Tensor m = ops::swiglu(ops::linear(h, p.get("mlp.gate_proj.weight")), ops::linear(h, p.get("mlp.up_proj.weight")));
     return ops::add(x, ops::linear(m, p.get("mlp.down_proj.weight")));
