@@ -27,7 +27,7 @@ cpu=${CPU:-0}
 png=${PNG:-$here/docs/img/hybrid_vs_tiny_loss.png}
 [ -s "$data" ] || { echo "hybrid_learning: $data missing (the shared data set, ../shared/data)" >&2; exit 1; }
 mkdir -p "$run"
-[ -s "$run/tokenizer.json" ] || "$bin" tokenizer train --vocab-size 16384 --input "$data" --output "$run/tokenizer.json" --no-progress
+[ -s "$run/tokenizer.json" ] || "$bin" tokenizer train --vocab-size 16384 --input "$data" --output "$run/tokenizer.json" --no-progress >&2
 for preset in tiny hybrid; do
   common="--preset $preset --data $data --tokenizer $run/tokenizer.json --batch $batch --seq $seq --lr $lr --loss $loss
     --threads 1 --seed 0"
@@ -56,6 +56,6 @@ run = sys.argv[1]
 out = {"curve": json.load(open(run + "/curve.json"))}
 for p in ("tiny", "hybrid"):
     s = json.load(open(f"{run}/{p}.summary.json"))
-    out[p] = {k: s.get(k) for k in ("steps", "tokens_per_s", "last_train_loss", "last_val_loss", "seconds")}
+    out[p] = {k: s.get(k) for k in ("steps", "tokens_seen", "tokens_per_s", "train_loss", "val_loss")}
 print(json.dumps(out, indent=1))
 PY

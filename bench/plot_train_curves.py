@@ -128,14 +128,16 @@ def main():
 
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = {"f32": "tab:blue", "bf16": "tab:orange"}
+    others = ["tab:green", "tab:purple", "tab:brown", "tab:gray"]  # runs named otherwise, in order
     styles = ["-", "--", ":", "-."]
-    for label, (steps, loss, val, _) in runs.items():
+    for i, (label, (steps, loss, val, _)) in enumerate(runs.items()):
         dt, seed = parse_label(label)
         style = styles[seeds.index(seed) % len(styles)]
         name = f"{dt} compute, seed {seed}" if seed else f"{dt}: training loss"
-        ax.plot(steps, smoothed[label], style, color=colors.get(dt, "tab:blue"), label=name)
+        color = colors.get(dt, others[i % len(others)])
+        ax.plot(steps, smoothed[label], style, color=color, label=name)
         if val:
-            ax.plot([v[0] for v in val], [v[1] for v in val], "o", color=colors.get(dt, "tab:red"), ms=4,
+            ax.plot([v[0] for v in val], [v[1] for v in val], "o", color=color, ms=4,
                     label=None if seed else f"{dt}: validation loss")
     ax.set_xlabel({"tokens": "tokens seen", "seconds": "wall-clock seconds (training + evaluation)"}.get(X_AXIS, "optimizer step"))
     ax.set_ylabel(f"training loss ({WINDOW}-step moving average); dots: validation")
