@@ -221,11 +221,17 @@ std::optional<PreparedDoc> Engine::prepare(const std::string& text, std::string&
   size_t common = 0;
   while (common < prefix_.size() && common < doc.tokens.size() && prefix_[common] == doc.tokens[common]) ++common;
   doc.reuse = static_cast<int64_t>(std::min(common, doc.tokens.size() - 1));
+  // A ring or recurrent state holds the whole history, not per-position keys: no partial reuse.
+  if (!decoder_.config().all_full_attention()) doc.reuse = 0;
   return doc;
 }
 
 int64_t Engine::bucket(const PreparedDoc& doc) const {
   const int64_t n = static_cast<int64_t>(doc.tokens.size()) - doc.reuse - hold_back();
+  // Sliding-window rings and linear-attention states cannot forget padding (a cache row is only
+  // ever cut back to 0), so such models run every prompt at its exact length: batches then group
+  // prompts of one length.
+  if (!decoder_.config().all_full_attention()) return n;
   return (n + kBucketStep - 1) / kBucketStep * kBucketStep;
 }
 
@@ -334,7 +340,10 @@ void Engine::classify(const std::vector<PreparedDoc*>& docs) {
       const int64_t n = static_cast<int64_t>(docs[i]->tokens.size());
       for (int64_t j = 0; j < L; ++j) {
         const int64_t r = doc_rows[i] + j;
-        if (j > 0) copy_kv(*cache_, doc_rows[i], r, n);
+        if (j > 0) {
+          cache_->set_length(r, 0);  // a row of the last batch may be longer; 0 is always allowed
+          copy_kv(*cache_, doc_rows[i], r, n);
+        }
         cache_->set_length(r, n);
         std::vector<TokenId> in(label_tokens_[j].begin(), label_tokens_[j].end() - 1);
         in.resize(static_cast<size_t>(label_len_ - 1), 0);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -68,6 +69,58 @@ TEST(HybridTrainCli, FewStepsWithFullAndSampledLoss) {
     ASSERT_EQ(batch.rc, 0) << batch.all();
     EXPECT_NE(batch.out.find(texts[1]), std::string::npos) << batch.out;
   }
+}
+
+// `corelm run` over a hybrid: prompts run at their exact length (rings and states cannot forget
+// padding) and without shared-prefix reuse, so every record's result is the one it gets alone
+// whatever the batch, and classify's label rows start clean after a longer batch.
+TEST(HybridRunCli, ScoreAndClassifyGiveEachRecordItsSoloResultAtAnyBatch) {
+  ASSERT_TRUE(std::filesystem::exists(testing::corelm_path())) << "build the corelm binary (target corelm_cli)";
+  ScratchDir dir("hybrid_run");
+  std::mt19937 rng(7);
+  const std::vector<std::string> words = {"the", "cat", "sat", "on", "mat", "dog", "ran", "far", "and", "home"};
+  std::string corpus, jsonl;
+  for (int line = 0; line < 300; ++line)
+    for (int w = 0; w < 10; ++w) corpus += words[rng() % words.size()] + (w == 9 ? "\n" : " ");
+  for (int i = 0; i < 12; ++i) {
+    std::string text;
+    for (int w = 0; w < 2 + (i * 5) % 17; ++w) text += (w ? " " : "") + words[rng() % words.size()];
+    jsonl += nlohmann::json{{"id", i}, {"text", text}}.dump() + "\n";
+  }
+  std::ofstream(dir / "corpus.txt") << corpus;
+  std::ofstream(dir / "in.jsonl") << jsonl;
+  CliOptions o;
+  o.timeout_s = 120;
+  const std::string model = dir / "m";
+  const CliResult t = run_program("", {"train", "--preset", "hybrid", "--data", dir / "corpus.txt", "--out", model,
+                                       "--steps", "3", "--batch", "2", "--seq", "32", "--eval-batches", "0",
+                                       "--sample-tokens", "0", "--no-progress"}, o);
+  ASSERT_EQ(t.rc, 0) << t.all();
+  auto results = [&](const std::string& task, const std::string& batch, const std::string& precision) {
+    const std::string out = dir / ("out_" + task + batch + precision);
+    std::vector<std::string> args = {"run", task, "--model", model, "--input", dir / "in.jsonl", "--out", out,
+                                     "--batch", batch, "--precision", precision, "--id-field", "id"};
+    if (task == "classify") args.insert(args.end(), {"--labels", "cat,dog,home"});
+    const CliResult r = run_program("", args, o);
+    EXPECT_EQ(r.rc, 0) << r.all();
+    std::map<std::string, std::string> by_id;
+    for (const auto& e : std::filesystem::directory_iterator(out))
+      if (e.path().filename().string().rfind("part-", 0) == 0) {
+        std::ifstream in(e.path());
+        for (std::string line; std::getline(in, line);) {
+          nlohmann::json j = nlohmann::json::parse(line);
+          by_id[j["id"].dump()] = j.dump();
+        }
+      }
+    return by_id;
+  };
+  for (const std::string task : {"score", "classify"})
+    for (const std::string precision : {"f32", "bf16"}) {
+      SCOPED_TRACE(task + " " + precision);
+      const auto solo = results(task, "1", precision), batched = results(task, "5", precision);
+      EXPECT_EQ(solo.size(), 12u);
+      EXPECT_EQ(solo, batched);
+    }
 }
 
 }  // namespace
