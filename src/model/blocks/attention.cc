@@ -24,11 +24,6 @@ Tensor merge_heads(const Tensor& x, int64_t B, int64_t T, int64_t D) {
   return ops::reshape(ops::transpose(x, 1, 2), {B * T, x.size(1) * D});
 }
 
-struct Packed final : PackedBlock {
-  std::unique_ptr<ops::PackedVector> in_norm;
-  std::unique_ptr<ops::PackedLinear> qkv;  // [Q + 2 KV, H]: q rows, then k, then v (biases fused too)
-  std::unique_ptr<ops::PackedLinear> o;    // [H, Q]
-};
 
 ops::KVLayerView view_of(KVCache& cache, int64_t layer) {
   ops::KVLayerView v;
@@ -147,16 +142,11 @@ class FullAttention final : public Block {
 
   std::unique_ptr<PackedBlock> pack(const ModelConfig& c, const LayerParams& p, const ops::InferenceBackend& be,
                                     ops::WeightFormat format) const override {
-    const int64_t H = c.hidden_size;
-    auto w = std::make_unique<Packed>();
-    w->in_norm = be.pack_vector(p.f32("input_layernorm.weight"), H);
-    w->qkv = pack_rows(be, p, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, H, format);
-    w->o = pack_rows(be, p, {"self_attn.o_proj"}, c.q_dim(), format);
-    return w;
+    return pack_attention(c, p, be, format);
   }
 
   void infer(const PackedBlock& packed, InferenceStep& s) const override {
-    const Packed& w = static_cast<const Packed&>(packed);
+    const PackedAttention& w = static_cast<const PackedAttention&>(packed);
     const ModelConfig& c = s.c;
     const int64_t H = c.hidden_size, D = c.head_dim, Q = c.q_dim(), QKV = Q + 2 * c.kv_dim();
     const int64_t N = s.layout.tokens();
@@ -180,6 +170,16 @@ class FullAttention final : public Block {
 };
 
 }  // namespace
+
+std::unique_ptr<PackedBlock> pack_attention(const ModelConfig& c, const LayerParams& p,
+                                            const ops::InferenceBackend& be, ops::WeightFormat format) {
+  const int64_t H = c.hidden_size;
+  auto w = std::make_unique<PackedAttention>();
+  w->in_norm = be.pack_vector(p.f32("input_layernorm.weight"), H);
+  w->qkv = pack_rows(be, p, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, H, format);
+  w->o = pack_rows(be, p, {"self_attn.o_proj"}, c.q_dim(), format);
+  return w;
+}
 
 const Block& full_attention() {
   static const FullAttention block;

@@ -15,4 +15,13 @@ void attention_parameter_shapes(const ModelConfig& c, const std::string& prefix,
 Tensor attention_forward(const ModelConfig& c, const LayerParams& p, const Tensor& x, const ForwardContext& ctx,
                          int64_t window);
 
+// The packed weights of both attention kinds: the input norm, q/k/v fused, o.
+struct PackedAttention final : PackedBlock {
+  std::unique_ptr<ops::PackedVector> in_norm;
+  std::unique_ptr<ops::PackedLinear> qkv;  // [Q + 2 KV, H]: q rows, then k, then v (biases fused too)
+  std::unique_ptr<ops::PackedLinear> o;    // [H, Q]
+};
+std::unique_ptr<PackedBlock> pack_attention(const ModelConfig& c, const LayerParams& p,
+                                            const ops::InferenceBackend& be, ops::WeightFormat format);
+
 }  // namespace corelm::model::blocks

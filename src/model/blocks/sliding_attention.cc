@@ -17,12 +17,6 @@
 namespace corelm::model::blocks {
 namespace {
 
-struct Packed final : PackedBlock {
-  std::unique_ptr<ops::PackedVector> in_norm;
-  std::unique_ptr<ops::PackedLinear> qkv;  // [Q + 2 KV, H]
-  std::unique_ptr<ops::PackedLinear> o;    // [H, Q]
-};
-
 class SlidingAttention final : public Block {
  public:
   const char* kind() const override { return "sliding_attention"; }
@@ -83,15 +77,11 @@ class SlidingAttention final : public Block {
 
   std::unique_ptr<PackedBlock> pack(const ModelConfig& c, const LayerParams& p, const ops::InferenceBackend& be,
                                     ops::WeightFormat format) const override {
-    auto w = std::make_unique<Packed>();
-    w->in_norm = be.pack_vector(p.f32("input_layernorm.weight"), c.hidden_size);
-    w->qkv = pack_rows(be, p, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, c.hidden_size, format);
-    w->o = pack_rows(be, p, {"self_attn.o_proj"}, c.q_dim(), format);
-    return w;
+    return pack_attention(c, p, be, format);  // the same weights as full attention
   }
 
   void infer(const PackedBlock& packed, InferenceStep& s) const override {
-    const Packed& w = static_cast<const Packed&>(packed);
+    const PackedAttention& w = static_cast<const PackedAttention&>(packed);
     const ModelConfig& c = s.c;
     const int64_t H = c.hidden_size, D = c.head_dim, Q = c.q_dim(), QKV = Q + 2 * c.kv_dim();
     const int64_t N = s.layout.tokens(), T = s.layout.per_row;
