@@ -223,7 +223,8 @@ void add_matrix(const model::Decoder& d, const BenchModelArgs& a, nlohmann::orde
   r["kv_memory"] = memory;
   if (a.kv_budget >= 0)
     r["kv_budget"] = {{"bytes", a.kv_budget},
-                      {"bytes_per_token", static_cast<double>(infer::kv_cache_bytes(d, 1 << 20)) / double(1 << 20)},
+                      {"bytes_per_token", infer::kv_cache_bytes(d, 1) - infer::kv_cache_bytes(d, 0)},
+                      {"fixed_bytes", infer::kv_cache_bytes(d, 0)},  // rings and states: any length
                       {"max_context", infer::max_context_for_kv_budget(d, a.kv_budget)}};
 }
 
@@ -233,11 +234,17 @@ void print_matrix(const nlohmann::ordered_json& r) {
     std::printf("| %s | %s | %s | %.2f | %.2f ± %.2f |\n", t["test"].get<std::string>().c_str(),
                 t["type_k"].get<std::string>().c_str(), t["type_v"].get<std::string>().c_str(),
                 t["kv_bytes"].get<double>() / (1 << 20), t["avg_ts"].get<double>(), t["stddev_ts"].get<double>());
-  if (r.contains("kv_budget"))
-    std::printf("KV budget %lld bytes: largest context %lld tokens (%.1f bytes/token)\n",
-                static_cast<long long>(r["kv_budget"]["bytes"].get<int64_t>()),
-                static_cast<long long>(r["kv_budget"]["max_context"].get<int64_t>()),
-                r["kv_budget"]["bytes_per_token"].get<double>());
+  if (r.contains("kv_budget")) {
+    const long long max_context = r["kv_budget"]["max_context"].get<int64_t>();
+    if (max_context < 0)
+      std::printf("KV budget %lld bytes: any context (the cache does not grow with it: %lld bytes per sequence)\n",
+                  static_cast<long long>(r["kv_budget"]["bytes"].get<int64_t>()),
+                  static_cast<long long>(r["kv_memory"][0]["bytes"].get<int64_t>()));
+    else
+      std::printf("KV budget %lld bytes: largest context %lld tokens (%.1f bytes/token)\n",
+                  static_cast<long long>(r["kv_budget"]["bytes"].get<int64_t>()), max_context,
+                  r["kv_budget"]["bytes_per_token"].get<double>());
+  }
 }
 
 void run(const BenchModelArgs& a) {

@@ -30,11 +30,13 @@ struct BenchMatrixOptions {
 // the model context or a count is negative.
 std::vector<BenchTest> run_bench_matrix(const model::Decoder& decoder, const BenchMatrixOptions& options);
 
-// Bytes of one KV cache row holding `positions` tokens with the decoder's cache types (measured on
-// a cache from make_cache, scaled linearly, so block-quantized types count their scales).
+// Bytes of one KV cache row holding `positions` tokens with the decoder's cache types: the full-
+// attention layers' bytes per token (block-quantized types count their scales) times positions,
+// plus what a row holds whatever its length (sliding-window rings, linear-attention states).
 int64_t kv_cache_bytes(const model::Decoder& decoder, int64_t positions);
 
-// The largest context (tokens of one sequence) whose KV cache fits in `budget` bytes.
+// The largest context (tokens of one sequence) whose KV cache fits in `budget` bytes: 0 when even
+// the fixed part does not fit, -1 when nothing grows with the context (no full-attention layer).
 int64_t max_context_for_kv_budget(const model::Decoder& decoder, int64_t budget);
 
 }  // namespace corelm::infer

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "corelm/autograd.h"
 #include "corelm/error.h"
@@ -19,11 +20,14 @@ Tensor random_ids(int64_t T, int64_t vocab, Generator& gen) {
   return Tensor::from_vector(ids, {1, T});
 }
 
-// One warm-up and `reps` timed runs of `fn` (which returns the tokens it processed).
-template <typename Fn>
-void measure(BenchTest& t, int reps, Fn fn) {
+// One warm-up and `reps` timed runs of `fn` (which returns the tokens it processed), each after an
+// untimed `reset` (which puts the cache back at the test's depth).
+template <typename Reset, typename Fn>
+void measure(BenchTest& t, int reps, Reset reset, Fn fn) {
+  reset();
   fn();
   for (int r = 0; r < reps; ++r) {
+    reset();
     const auto t0 = Clock::now();
     const double tokens = static_cast<double>(fn());
     t.samples_ts.push_back(tokens / std::chrono::duration<double>(Clock::now() - t0).count());
@@ -45,26 +49,20 @@ std::string test_name(const char* kind, int64_t n, int64_t depth) {
 
 }  // namespace
 
-namespace {
-// Bytes of a one-row cache of kProbe positions (a multiple of every block size), from make_cache.
-constexpr int64_t kProbe = 256;
-double probe_bytes(const model::Decoder& decoder) {
-  model::KVCache probe = decoder.make_cache(1, kProbe);
-  double bytes = 0;
-  for (int64_t l = 0; l < decoder.config().num_hidden_layers; ++l)
-    bytes += static_cast<double>(probe.k_bytes(l).nbytes() + probe.v_bytes(l).nbytes());  // any type
-  return bytes;
-}
-}  // namespace
-
 int64_t kv_cache_bytes(const model::Decoder& decoder, int64_t positions) {
-  return static_cast<int64_t>(std::ceil(probe_bytes(decoder) * static_cast<double>(positions) / kProbe));
+  // Full layers grow with the context (bytes_per_token counts block scales); sliding rings and
+  // linear-attention states are a fixed size per sequence, whatever its length.
+  const model::KVCache probe = decoder.make_cache(1, 1);
+  return probe.fixed_bytes_per_row() + probe.bytes_per_token() * positions;
 }
 
 int64_t max_context_for_kv_budget(const model::Decoder& decoder, int64_t budget) {
   CORELM_CHECK(budget >= 0, ValueError, "kv budget must be >= 0 bytes, got ", budget);
-  const double per_position = probe_bytes(decoder) / kProbe;
-  return static_cast<int64_t>(std::floor(static_cast<double>(budget) / per_position));
+  const model::KVCache probe = decoder.make_cache(1, 1);
+  const int64_t fixed = probe.fixed_bytes_per_row(), per_token = probe.bytes_per_token();
+  if (fixed > budget) return 0;
+  if (per_token == 0) return -1;  // no full-attention layer: the cache does not grow with the context
+  return (budget - fixed) / per_token;
 }
 
 std::vector<BenchTest> run_bench_matrix(const model::Decoder& d, const BenchMatrixOptions& o) {
@@ -90,18 +88,31 @@ std::vector<BenchTest> run_bench_matrix(const model::Decoder& d, const BenchMatr
         t.n_depth = depth;
         (kind == 0 ? t.n_prompt : t.n_gen) = n;
         model::KVCache cache = d.make_cache(1, depth + n);
-        // The depth is context, filled once and untimed; each run restarts from it.
+        // The depth is context, filled once and untimed; each run restarts from it. A full-attention
+        // cache rewinds by its length; rings and recurrent states cannot be rewound to a depth > 0,
+        // so a hybrid's cache is restored from a copy taken after the fill.
         if (depth > 0) d.forward_cached(random_ids(depth, V, gen), cache, row, model::Logits::None);
+        std::optional<model::KVCache> filled;
+        if (depth > 0 && !cache.supports_prefix_blocks()) {
+          filled.emplace(d.make_cache(1, depth + n));
+          filled->copy_from(cache, 0, 0, depth);
+        }
+        const auto reset = [&] {
+          if (filled) {
+            cache.set_length(0, 0);  // a row with rings and states only rewinds to empty ...
+            cache.copy_from(*filled, 0, 0, depth);  // ... and then takes the filled copy whole
+          } else {
+            cache.set_length(0, depth);
+          }
+        };
         const Tensor prompt = random_ids(kind == 0 ? n : 1, V, gen);
         if (kind == 0)
-          measure(t, o.repetitions, [&] {
-            cache.set_length(0, depth);
+          measure(t, o.repetitions, reset, [&] {
             d.forward_cached(prompt, cache, row, model::Logits::Last);
             return n;
           });
         else
-          measure(t, o.repetitions, [&] {
-            cache.set_length(0, depth);
+          measure(t, o.repetitions, reset, [&] {
             for (int64_t s = 0; s < n; ++s) d.forward_cached(prompt, cache, row, model::Logits::All);
             return n;
           });

@@ -114,6 +114,42 @@ TEST_F(BenchCli, ModelMatrixNamesTestsLikeLlamaBenchAndReportsKvMemory) {
   EXPECT_NE(out.find("fp9"), std::string::npos) << out;
 }
 
+// The matrix on the hybrid (issue 17): depths beyond the window run (the rings and recurrent states
+// are restored from a copy for each repetition, since they cannot be rewound to a depth), and the
+// cache's memory is the same at every depth -- the rings (window + 1 + chunk positions of keys and
+// values) and the states (d_state x head_dim), computed here from the config -- so no budget limits
+// the context (max_context -1).
+TEST_F(BenchCli, ModelMatrixRunsTheHybridAtDepthsBeyondItsWindow) {
+  std::string out;
+  ASSERT_EQ(run({"bench", "model", "--preset", "hybrid", "--pp", "8", "--tg", "2", "--depth", "0,300",
+                 "--repetitions", "1", "--kv-budget", "1000000", "--json"},
+                out),
+            0)
+      << out;
+  const auto j = nlohmann::json::parse(out);
+  const auto& c = j.at("config");
+  const int64_t D = c.at("head_dim"), Hkv = c.at("num_key_value_heads");
+  const int64_t window = c.at("sliding_window"), d_state = c.at("linear_attention_state_size");
+  ASSERT_GT(300, window);
+  int64_t fixed = 0;
+  for (const auto& kind : c.at("layer_types")) {
+    if (kind == "sliding_attention") fixed += 2 * Hkv * (window + 1 + 64) * D * 4;  // KVCache::kRingChunk = 64
+    if (kind == "linear_attention") fixed += Hkv * d_state * D * 4;
+    EXPECT_NE(kind, "full_attention");
+  }
+  std::vector<std::string> names;
+  for (const auto& t : j.at("tests")) {
+    names.push_back(t.at("test"));
+    EXPECT_GT(t.at("avg_ts").get<double>(), 0.0) << t;
+    EXPECT_EQ(t.at("kv_bytes").get<int64_t>(), fixed) << t;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"pp8", "tg2", "pp8 @ d300", "tg2 @ d300"}));
+  for (const auto& m : j.at("kv_memory")) EXPECT_EQ(m.at("bytes").get<int64_t>(), fixed) << m;
+  EXPECT_EQ(j.at("kv_budget").at("max_context").get<int64_t>(), -1);
+  EXPECT_EQ(j.at("kv_budget").at("bytes_per_token").get<int64_t>(), 0);
+  EXPECT_EQ(j.at("kv_budget").at("fixed_bytes").get<int64_t>(), fixed);
+}
+
 TEST_F(BenchCli, GemmReportsEveryKernelAndPeak) {
   std::string out;
   ASSERT_EQ(run({"bench", "gemm", "--shapes", "8,64,96", "--seconds", "0.02", "--json"}, out), 0) << out;
