@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "corelm/serve.h"
+#include "serve/in_process_server.h"
 #include "serve/serve_fixture.h"
 
 namespace corelm::serve {
@@ -30,50 +31,22 @@ class ServeTest : public ::testing::Test {
     o.port = 0;
     o.slots = 4;
     o.max_tokens_limit = 64;
-    server_ = new Server(o);
-    port_ = server_->bind();
-    thread_ = new std::thread([] { server_->serve(); });
-    httplib::Client c("127.0.0.1", port_);
-    for (int i = 0; i < 500; ++i) {
-      auto r = c.Get("/health");
-      if (r && r->status == 200) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    server_ = new testing::InProcessServer();
+    port_ = server_->start(o);
   }
   static void TearDownTestSuite() {
-    if (server_) server_->shutdown();
-    if (thread_) thread_->join();
-    delete thread_;
     delete server_;
+    server_ = nullptr;
     fs::remove_all(root_);
   }
 
-  static httplib::Client client() {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(20, 0);
-    return c;
-  }
+  static httplib::Client client() { return testing::loopback_client(port_); }
   static std::pair<int, json> post(const std::string& path, const json& body) {
-    auto c = client();
-    auto r = c.Post(path.c_str(), body.dump(), "application/json");
-    if (!r) return {-1, {}};
-    return {r->status, json::parse(r->body, nullptr, false)};
+    return testing::post_json(port_, path, body);
   }
   // SSE events of a streamed response (the "data: " payloads, [DONE] included).
   static std::vector<std::string> stream(const std::string& path, const json& body, int* status = nullptr) {
-    auto c = client();
-    auto r = c.Post(path.c_str(), body.dump(), "application/json");
-    std::vector<std::string> events;
-    if (status) *status = r ? r->status : -1;
-    if (!r) return events;
-    std::string text = r->body;
-    size_t pos = 0;
-    while ((pos = text.find("data: ")) != std::string::npos) {
-      const size_t end = text.find("\n\n", pos);
-      events.push_back(text.substr(pos + 6, end - pos - 6));
-      text = text.substr(end + 2);
-    }
-    return events;
+    return testing::sse_payloads(port_, path, body, status);
   }
 
   // The content pieces of a streamed chat response.
@@ -89,8 +62,7 @@ class ServeTest : public ::testing::Test {
   }
 
   static inline fs::path root_;
-  static inline Server* server_ = nullptr;
-  static inline std::thread* thread_ = nullptr;
+  static inline testing::InProcessServer* server_ = nullptr;
   static inline int port_ = 0;
   static inline int eos_ = -1;
   static json no_eos() { return eos_ >= 0 ? json{{std::to_string(eos_), -100}} : json::object(); }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "corelm/serve.h"
+#include "serve/in_process_server.h"
 #include "serve/serve_fixture.h"
 
 namespace corelm::serve {
@@ -39,35 +40,19 @@ class ServeHybridTest : public ::testing::Test {
     o.port = 0;
     o.slots = 4;
     o.max_tokens_limit = 64;
-    server_ = new Server(o);
-    port_ = server_->bind();
-    thread_ = new std::thread([] { server_->serve(); });
-    httplib::Client cl("127.0.0.1", port_);
-    for (int i = 0; i < 500; ++i) {
-      auto r = cl.Get("/health");
-      if (r && r->status == 200) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    server_ = new testing::InProcessServer();
+    port_ = server_->start(o);
   }
   static void TearDownTestSuite() {
-    if (server_) server_->shutdown();
-    if (thread_) thread_->join();
-    delete thread_;
     delete server_;
+    server_ = nullptr;
     fs::remove_all(root_);
   }
-  static std::pair<int, json> post(const json& body) {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(30, 0);
-    auto r = c.Post("/v1/completions", body.dump(), "application/json");
-    if (!r) return {-1, {}};
-    return {r->status, json::parse(r->body, nullptr, false)};
-  }
+  static std::pair<int, json> post(const json& body) { return testing::post_json(port_, "/v1/completions", body, 30); }
   static json no_eos() { return eos_ >= 0 ? json{{std::to_string(eos_), -100}} : json::object(); }
 
   static inline fs::path root_;
-  static inline Server* server_ = nullptr;
-  static inline std::thread* thread_ = nullptr;
+  static inline testing::InProcessServer* server_ = nullptr;
   static inline int port_ = 0;
   static inline int eos_ = -1;
 };
@@ -102,18 +87,10 @@ TEST_F(ServeHybridTest, EachPromptGetsItsSoloTextInABatchAndUnderConcurrency) {
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], solo[i]) << prompts[i];
   // Streamed: the chunks concatenate to the non-streamed text.
-  httplib::Client c("127.0.0.1", port_);
-  c.set_read_timeout(30, 0);
-  json body = {{"prompt", prompts[1]}, {"max_tokens", 8}, {"temperature", 0}, {"logit_bias", no_eos()},
-               {"stream", true}};
-  auto r = c.Post("/v1/completions", body.dump(), "application/json");
-  ASSERT_TRUE(r);
-  std::string text = r->body, joined;
-  size_t pos = 0;
-  while ((pos = text.find("data: ")) != std::string::npos) {
-    const size_t end = text.find("\n\n", pos);
-    const std::string e = text.substr(pos + 6, end - pos - 6);
-    text = text.substr(end + 2);
+  const json body = {{"prompt", prompts[1]}, {"max_tokens", 8},        {"temperature", 0},
+                     {"logit_bias", no_eos()}, {"stream", true}};
+  std::string joined;
+  for (const std::string& e : testing::sse_payloads(port_, "/v1/completions", body, nullptr, 30)) {
     if (e == "[DONE]") continue;
     const json ch = json::parse(e);
     if (!ch["choices"].empty() && ch["choices"][0].contains("text")) joined += ch["choices"][0]["text"];
