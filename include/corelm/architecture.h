@@ -36,7 +36,7 @@ const std::vector<ParameterName>& global_parameter_names();  // embedding, final
 // of architecture corelm_hybrid only (kHybridGGUFArch).
 const std::vector<ParameterName>& hybrid_layer_parameter_names();
 // The table entry of a per-layer HF name ("model.layers.N.<role>[.weight|.bias]") from either
-// layer table, with N in *layer when given; nullptr for any other name.
+// layer table, with N in *layer when given (-1 when N does not fit int64); nullptr for any other name.
 const ParameterName* find_layer_parameter(const std::string& hf_name, int64_t* layer = nullptr);
 
 // HF <-> llama.cpp names: model.embed_tokens.weight <-> token_embd.weight, model.norm.weight <->

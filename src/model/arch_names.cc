@@ -1,4 +1,5 @@
 // The architecture name table (corelm/architecture.h) and the llama2.c conversion built on it.
+#include <charconv>
 #include <cstring>
 #include <regex>
 
@@ -68,7 +69,12 @@ LayerName split_layer_name(const std::string& name, bool hf) {
 
 const ParameterName* find_layer_parameter(const std::string& hf, int64_t* layer) {
   const LayerName n = split_layer_name(hf, /*hf=*/true);
-  if (n.entry && layer) *layer = std::stoll(n.layer);
+  if (n.entry && layer) {
+    // The digits may come from a file: one beyond int64 gives -1, not an exception.
+    int64_t v = -1;
+    const auto r = std::from_chars(n.layer.data(), n.layer.data() + n.layer.size(), v);
+    *layer = r.ec == std::errc() ? v : -1;
+  }
   return n.entry;
 }
 

@@ -156,6 +156,8 @@ TEST(ArchitectureNames, HybridRolesMapBothWays) {
   EXPECT_TRUE(p->rope_rows);
   EXPECT_EQ(layer, 7);
   EXPECT_EQ(find_layer_parameter("model.norm.weight"), nullptr);
+  ASSERT_NE(find_layer_parameter("model.layers.99999999999999999999.self_attn.decay", &layer), nullptr);
+  EXPECT_EQ(layer, -1);  // a file's absurd layer number is no exception
   // Every parameter of the hybrid has a name in the table.
   for (const auto& [name, shape] : parameter_shapes(hybrid_config(false)))
     EXPECT_EQ(hf_name_from_gguf(gguf_name_from_hf(name)), name);
@@ -202,9 +204,18 @@ TEST_F(GGUFHybridTest, KeysTensorNamesTypesAndPermutation) {
 // save -> load_model: the same config (LayerSpecs included) and weights, logits identical on a
 // prompt longer than the window; tied and untied.
 TEST_F(GGUFHybridTest, F32RoundTripGivesIdenticalLogits) {
-  for (bool tied : {true, false}) {
-    const Decoder d = random_decoder(hybrid_config(tied), tied ? 5 : 6);
-    const std::string file = write_good(tied ? "t.gguf" : "u.gguf", d);
+  // (tied, attention_bias): the rotary layers' q/k biases are permuted like their rows.
+  for (const auto& [tied, bias] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true}}) {
+    ModelConfig hc = hybrid_config(tied);
+    hc.attention_bias = bias;
+    Decoder d = random_decoder(hc, tied ? 5 : 6);
+    if (bias) {  // HF init zeroes biases: make them visible
+      Generator g(8);
+      for (const auto& [name, t] : d.named_parameters())
+        if (name.ends_with(".bias")) d.load_parameter(name, Tensor::randn(t.shape(), g, 0.3f));
+      ASSERT_TRUE(d.has_parameter("model.layers.1.self_attn.q_proj.bias"));
+    }
+    const std::string file = write_good(bias ? "b.gguf" : tied ? "t.gguf" : "u.gguf", d);
     const Checkpoint ck = load(file);
     const ModelConfig& c = ck.model.decoder.config();
     EXPECT_EQ(c.layers, d.config().layers);
@@ -212,6 +223,7 @@ TEST_F(GGUFHybridTest, F32RoundTripGivesIdenticalLogits) {
     EXPECT_EQ(c.bos_token_id, 1);
     EXPECT_EQ(c.eos_token_id, 2);
     EXPECT_EQ(c.tie_word_embeddings, tied);
+    EXPECT_EQ(c.attention_bias, bias);
     EXPECT_EQ(c.head_dim, 32);
     EXPECT_EQ(c.max_position_embeddings, 64);
     EXPECT_DOUBLE_EQ(c.rope_theta, 5000.0);
@@ -228,7 +240,8 @@ TEST_F(GGUFHybridTest, F32RoundTripGivesIdenticalLogits) {
           << d.named_parameters()[i].first;
     }
     const double diff = max_abs_diff(ck.model.decoder.forward(prompt()), d.forward(prompt()));
-    std::printf("hybrid GGUF F32 round trip (%s): max |logit diff| = %g\n", tied ? "tied" : "untied", diff);
+    std::printf("hybrid GGUF F32 round trip (%s%s): max |logit diff| = %g\n", tied ? "tied" : "untied",
+                bias ? ", biases" : "", diff);
     EXPECT_EQ(diff, 0.0);
   }
 }
@@ -334,6 +347,14 @@ TEST_F(GGUFHybridTest, MissingOrExtraLayerTensorsNameTheTensorAndKind) {
                                   }
                               }),
                       {"tensor 'blk.0.attn_decay' has shape", "layer 0 is linear_attention"});
+  // A layer number beyond int64 in a tensor name: a FormatError like any other stray tensor.
+  expect_format_error(rewrite(good, "huge.gguf", [](Metadata&) {},
+                              [](std::vector<GGUFWriteTensor>& ts) {
+                                Generator g(1);
+                                ts.push_back({"blk.99999999999999999999.attn_decay", Tensor::randn({1, 32}, g),
+                                              GGMLType::F32});
+                              }),
+                      {"unexpected tensor 'blk.99999999999999999999.attn_decay'"});
   // A llama file holding a hybrid tensor: refused by name, not loaded as something else.
   expect_format_error(rewrite(good, "llama.gguf", [](Metadata& kv) {
                         for (auto& [k, v] : kv) {
