@@ -170,6 +170,19 @@ void run(const InspectArgs& args) {
               << ", heads " << c.value("num_attention_heads", 0) << "/" << c.value("num_key_value_heads", 0)
               << ", ffn " << c.value("intermediate_size", 0) << ", context " << c.value("max_position_embeddings", 0)
               << ", tied " << (c.value("tie_word_embeddings", false) ? "yes" : "no") << "\n";
+    // Per-layer kinds (sliding-window / linear-attention models): one entry per layer.
+    if (c.contains("layer_types") && c["layer_types"].is_array()) {
+      std::string kinds;
+      for (const auto& k : c["layer_types"]) {
+        const std::string kind = k.is_string() ? k.get<std::string>() : k.dump();
+        kinds += (kinds.empty() ? "" : ", ") + kind;
+        if (kind == "sliding_attention" && c.contains("sliding_window"))
+          kinds += " (window " + c["sliding_window"].dump() + ")";
+        if (kind == "linear_attention" && c.contains("linear_attention_state_size"))
+          kinds += " (state " + c["linear_attention_state_size"].dump() + ")";
+      }
+      std::cout << "layer types: " << kinds << (c.value("bos_isolation", false) ? "; bos_isolation" : "") << "\n";
+    }
     if (c.contains("classifier_pooling") && c.contains("id2label") && c["id2label"].is_object()) {
       std::string names;
       for (const auto& [k, v] : c["id2label"].items()) names += (names.empty() ? "" : ",") + (v.is_string() ? v.get<std::string>() : v.dump());

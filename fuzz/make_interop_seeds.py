@@ -72,6 +72,30 @@ def write_gguf_seeds(out):
         w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
+    # A tiny corelm_hybrid model (docs/INTEROP.md; layers linear, sliding) that load_gguf_model
+    # accepts, so the fuzzer starts inside the hybrid reader's key and tensor checks.
+    # Its own generator, so that the seeds written after it stay byte for byte as they were.
+    hrng = np.random.default_rng(2)
+    w = gguf.GGUFWriter(os.path.join(out, "tiny_hybrid.gguf"), "corelm_hybrid")
+    for key, value in [("embedding_length", 8), ("block_count", 2), ("feed_forward_length", 16),
+                       ("attention.head_count", 2), ("attention.head_count_kv", 1), ("attention.key_length", 4),
+                       ("context_length", 16), ("vocab_size", 4), ("attention.sliding_window", 2),
+                       ("linear_attention.state_size", 4)]:
+        w.add_uint32("corelm_hybrid." + key, value)
+    w.add_float32("corelm_hybrid.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_array("corelm_hybrid.layer_types", ["linear_attention", "sliding_attention"])
+    w.add_bool("corelm_hybrid.bos_isolation", False)
+    shapes = {"token_embd.weight": (4, 8), "output_norm.weight": (8,)}
+    for layer in range(2):
+        b = "blk.%d." % layer
+        shapes.update({b + "attn_norm.weight": (8,), b + "attn_q.weight": (8, 8), b + "attn_k.weight": (4, 8),
+                       b + "attn_v.weight": (4, 8), b + "attn_output.weight": (8, 8), b + "ffn_norm.weight": (8,),
+                       b + "ffn_gate.weight": (16, 8), b + "ffn_up.weight": (16, 8), b + "ffn_down.weight": (8, 16)})
+    shapes.update({"blk.0.attn_decay": (1, 4), "blk.0.attn_out_norm.weight": (4,)})
+    for name, shape in shapes.items():
+        w.add_tensor(name, hrng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+
     # One tensor of each quantised type corelm reads, from block bytes: random code bits with finite
     # f16 scales at each type's scale offsets (gguf 0.10.0 has no k-quant quantiser).
     Q = gguf.GGMLQuantizationType

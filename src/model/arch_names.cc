@@ -1,4 +1,5 @@
 // The architecture name table (corelm/architecture.h) and the llama2.c conversion built on it.
+#include <charconv>
 #include <cstring>
 #include <regex>
 
@@ -32,25 +33,64 @@ const std::vector<ParameterName>& global_parameter_names() {
   return names;
 }
 
+const std::vector<ParameterName>& hybrid_layer_parameter_names() {
+  static const std::vector<ParameterName> names = {
+      {"self_attn.decay", "attn_decay", nullptr, false, /*raw=*/true},
+      {"self_attn.out_norm", "attn_out_norm", nullptr, false},
+  };
+  return names;
+}
+
+namespace {
+// A per-layer name split as "<prefix><N>.<role><suffix>"; suffix is "" (raw roles), ".weight" or
+// ".bias". Looks the role up in both layer tables, by the HF (hf = true) or the GGUF spelling.
+struct LayerName {
+  std::string layer, suffix;
+  const ParameterName* entry = nullptr;
+};
+LayerName split_layer_name(const std::string& name, bool hf) {
+  static const std::regex hf_re(R"(model\.layers\.(\d+)\.(.+))"), gguf_re(R"(blk\.(\d+)\.(.+))");
+  std::smatch m;
+  if (!std::regex_match(name, m, hf ? hf_re : gguf_re)) return {};
+  const std::string rest = m[2];
+  for (const auto* table : {&layer_parameter_names(), &hybrid_layer_parameter_names()})
+    for (const auto& n : *table) {
+      const std::string role = hf ? n.hf : n.gguf;
+      if (n.raw) {
+        if (rest == role) return {m[1], "", &n};
+        continue;
+      }
+      for (const char* suffix : {".weight", ".bias"})
+        if (rest == role + suffix) return {m[1], suffix, &n};
+    }
+  return {};
+}
+}  // namespace
+
+const ParameterName* find_layer_parameter(const std::string& hf, int64_t* layer) {
+  const LayerName n = split_layer_name(hf, /*hf=*/true);
+  if (n.entry && layer) {
+    // The digits may come from a file: one beyond int64 gives -1, not an exception.
+    int64_t v = -1;
+    const auto r = std::from_chars(n.layer.data(), n.layer.data() + n.layer.size(), v);
+    *layer = r.ec == std::errc() ? v : -1;
+  }
+  return n.entry;
+}
+
 std::string gguf_name_from_hf(const std::string& hf) {
   for (const auto& g : global_parameter_names())
     if (hf == g.hf) return g.gguf;
-  static const std::regex re(R"(model\.layers\.(\d+)\.(.+)\.(weight|bias))");
-  std::smatch m;
-  if (std::regex_match(hf, m, re))
-    for (const auto& n : layer_parameter_names())
-      if (m[2] == n.hf) return "blk." + m[1].str() + "." + n.gguf + "." + m[3].str();
+  const LayerName n = split_layer_name(hf, /*hf=*/true);
+  if (n.entry) return "blk." + n.layer + "." + n.entry->gguf + n.suffix;
   throw ValueError("gguf: no llama.cpp name for tensor '" + hf + "'");
 }
 
 std::string hf_name_from_gguf(const std::string& g) {
   for (const auto& n : global_parameter_names())
     if (g == n.gguf) return n.hf;
-  static const std::regex re(R"(blk\.(\d+)\.(.+)\.(weight|bias))");
-  std::smatch m;
-  if (std::regex_match(g, m, re))
-    for (const auto& n : layer_parameter_names())
-      if (m[2] == n.gguf) return "model.layers." + m[1].str() + "." + n.hf + "." + m[3].str();
+  const LayerName n = split_layer_name(g, /*hf=*/false);
+  if (n.entry) return "model.layers." + n.layer + "." + n.entry->hf + n.suffix;
   throw ValueError("gguf: no Hugging Face name for tensor '" + g + "'");
 }
 

@@ -10,6 +10,7 @@
 #include "corelm/error.h"
 #include "corelm/gguf.h"
 #include "corelm/utf8.h"
+#include "model/gguf_hybrid.h"
 
 namespace corelm::model {
 
@@ -19,7 +20,7 @@ using io::GGUFType;
 using io::GGUFValue;
 using io::GGUFWriteTensor;
 
-namespace {
+namespace detail {
 // llama.cpp's general.file_type ("mostly X"; informational): its LLAMA_FTYPE numbers. A file whose
 // weights are all one k-quant is the "_S" (small) variant of that type.
 uint32_t llama_file_type(GGMLType t) {
@@ -49,14 +50,16 @@ GGMLType row_fallback(GGMLType t) {
     default: return GGMLType::F16;
   }
 }
-}  // namespace
 
-void save_gguf_model(const std::string& path, const nlohmann::json& c,
-                     const std::vector<std::pair<std::string, Tensor>>& hf_tensors, GGMLType weight_type,
-                     const std::vector<std::pair<std::string, GGUFValue>>& extra) {
-  const std::string arch = c.value("model_type", std::string("llama"));
-  CORELM_CHECK(arch == "llama" || arch == "qwen2", ValueError, "save_gguf_model '", path, "': model_type '", arch,
-               "' not supported (llama, qwen2)");
+GGMLType gguf_tensor_type(const Tensor& v, GGMLType weight_type, bool keep_f32) {
+  GGMLType type = v.dim() == 1 || keep_f32 ? GGMLType::F32 : weight_type;
+  if (v.size(-1) % io::ggml_block_size(type) != 0) type = row_fallback(type);
+  if (v.size(-1) % io::ggml_block_size(type) != 0) type = GGMLType::F16;
+  return type;
+}
+
+std::vector<std::pair<std::string, GGUFValue>> arch_keys(const std::string& arch, const nlohmann::json& c,
+                                                        GGMLType weight_type) {
   const int64_t hidden = c.at("hidden_size"), heads = c.at("num_attention_heads");
   const int64_t kv_heads = c.value("num_key_value_heads", heads);
   const int64_t head_dim = c.value("head_dim", int64_t{0}) > 0 ? c.value("head_dim", int64_t{0}) : hidden / heads;
@@ -81,6 +84,25 @@ void save_gguf_model(const std::string& path, const nlohmann::json& c,
       {arch + ".rope.freq_base", f32(c.value("rope_theta", 10000.0))},
       {arch + ".attention.layer_norm_rms_epsilon", f32(c.value("rms_norm_eps", 1e-5))},
   };
+  return kv;
+}
+}  // namespace detail
+
+void save_gguf_model(const std::string& path, const nlohmann::json& c,
+                     const std::vector<std::pair<std::string, Tensor>>& hf_tensors, GGMLType weight_type,
+                     const std::vector<std::pair<std::string, GGUFValue>>& extra) {
+  std::string arch = c.value("model_type", std::string("llama"));
+  // Sliding-window / linear-attention layers: llama.cpp's llama would run them as full attention
+  // (a different model), so such configs get corelm's own architecture.
+  if (detail::has_hybrid_layers(c)) {
+    const ModelConfig mc = ModelConfig::from_json(c, "save_gguf_model '" + path + "': config");
+    if (!mc.all_full_attention()) return detail::save_hybrid_gguf(path, mc, c, hf_tensors, weight_type, extra);
+    arch = mc.model_type;  // e.g. Mistral whose window covers the context: a plain llama
+  }
+  CORELM_CHECK(arch == "llama" || arch == "qwen2", ValueError, "save_gguf_model '", path, "': model_type '", arch,
+               "' not supported (llama, qwen2)");
+  const int64_t heads = c.at("num_attention_heads"), kv_heads = c.value("num_key_value_heads", heads);
+  std::vector<std::pair<std::string, GGUFValue>> kv = detail::arch_keys(arch, c, weight_type);
   for (const auto& e : extra) kv.push_back(e);
 
   std::vector<GGUFWriteTensor> out;
@@ -89,10 +111,7 @@ void save_gguf_model(const std::string& path, const nlohmann::json& c,
     const bool q = name.find("self_attn.q_proj.") != std::string::npos;
     const bool k = name.find("self_attn.k_proj.") != std::string::npos;
     if (arch == "llama" && (q || k)) v = permute_rope_rows(v, q ? heads : kv_heads, /*to_interleaved=*/true);
-    GGMLType type = v.dim() == 1 ? GGMLType::F32 : weight_type;
-    if (v.size(-1) % io::ggml_block_size(type) != 0) type = row_fallback(type);
-    if (v.size(-1) % io::ggml_block_size(type) != 0) type = GGMLType::F16;
-    out.push_back({gguf_name_from_hf(name), v, type});
+    out.push_back({gguf_name_from_hf(name), v, detail::gguf_tensor_type(v, weight_type, false)});
   }
   io::save_gguf(path, kv, out);
 }
@@ -103,8 +122,9 @@ GGUFModel load_gguf_model(const std::string& path) {
   const GGUFValue* a = f.find("general.architecture");
   CORELM_CHECK(a, FormatError, w, "missing general.architecture");
   const std::string arch = a->as_string();  // a FormatError naming file, key and type otherwise
-  CORELM_CHECK(arch == "llama" || arch == "qwen2", FormatError, w, "architecture '", escape_invalid_utf8(arch),
-               "' not supported (llama, qwen2)");
+  const bool hybrid = arch == kHybridGGUFArch;
+  CORELM_CHECK(arch == "llama" || arch == "qwen2" || hybrid, FormatError, w, "architecture '",
+               escape_invalid_utf8(arch), "' not supported (llama, qwen2, ", kHybridGGUFArch, ")");
   auto num = [&](const std::string& key) -> const GGUFValue* {
     const GGUFValue* v = f.find(arch + "." + key);
     CORELM_CHECK(!v || v->type != GGUFType::String, FormatError, w, "metadata '", arch, ".", key,
@@ -144,7 +164,8 @@ GGUFModel load_gguf_model(const std::string& path) {
       hf = hf_name_from_gguf(info.name);
     } catch (const ValueError&) {
       if (info.name == "rope_freqs.weight") continue;  // precomputed RoPE table llama.cpp may add
-      throw FormatError(w + "tensor '" + escape_invalid_utf8(info.name) + "' is not a Llama/Qwen2 tensor");
+      throw FormatError(w + "tensor '" + escape_invalid_utf8(info.name) + "' is not a Llama/Qwen2" +
+                        (hybrid ? "/corelm_hybrid" : "") + " tensor");
     }
     by_name[hf] = f.get(info.name).to(DType::F32);
   }
@@ -157,6 +178,28 @@ GGUFModel load_gguf_model(const std::string& path) {
                                   : emb->second.size(0);
   const bool tied = by_name.count("lm_head.weight") == 0;
   const bool bias = by_name.count("model.layers.0.self_attn.q_proj.bias") != 0;
+
+  auto opt_float = [&](const std::string& key, double dflt) { return num(key) ? need(key) : dflt; };
+  m.config = {{"architectures", {arch == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+              {"model_type", hybrid ? "llama" : arch},
+              {"vocab_size", vocab},
+              {"hidden_size", hidden},
+              {"intermediate_size", ffn},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv_heads},
+              {"head_dim", head_dim},
+              {"max_position_embeddings", static_cast<int64_t>(opt_float("context_length", 2048))},
+              {"rms_norm_eps", opt_float("attention.layer_norm_rms_epsilon", 1e-5)},
+              {"rope_theta", opt_float("rope.freq_base", 10000.0)},
+              {"tie_word_embeddings", tied},
+              {"attention_bias", bias},
+              {"torch_dtype", "float32"}};
+  // Token ids are int32 everywhere downstream: a larger value is refused here, by key.
+  if (const GGUFValue* b = f.find("tokenizer.ggml.bos_token_id")) m.config["bos_token_id"] = b->as_int(0, INT32_MAX);
+  if (const GGUFValue* e = f.find("tokenizer.ggml.eos_token_id")) m.config["eos_token_id"] = e->as_int(0, INT32_MAX);
+  // corelm's keys, the layer kinds and the tensors each kind has: src/model/gguf_hybrid.cc.
+  if (hybrid) return detail::load_hybrid_gguf(f, w, std::move(m.config), std::move(by_name));
 
   auto expect = [&](const std::string& hf, const Shape& shape) {
     auto it = by_name.find(hf);
@@ -195,25 +238,6 @@ GGUFModel load_gguf_model(const std::string& path) {
   CORELM_CHECK(by_name.empty(), FormatError, w, "unexpected tensor '", gguf_name_from_hf(by_name.begin()->first),
                "' (block_count ", layers, ")");
 
-  auto opt_float = [&](const std::string& key, double dflt) { return num(key) ? need(key) : dflt; };
-  m.config = {{"architectures", {arch == "llama" ? "LlamaForCausalLM" : "Qwen2ForCausalLM"}},
-              {"model_type", arch},
-              {"vocab_size", vocab},
-              {"hidden_size", hidden},
-              {"intermediate_size", ffn},
-              {"num_hidden_layers", layers},
-              {"num_attention_heads", heads},
-              {"num_key_value_heads", kv_heads},
-              {"head_dim", head_dim},
-              {"max_position_embeddings", static_cast<int64_t>(opt_float("context_length", 2048))},
-              {"rms_norm_eps", opt_float("attention.layer_norm_rms_epsilon", 1e-5)},
-              {"rope_theta", opt_float("rope.freq_base", 10000.0)},
-              {"tie_word_embeddings", tied},
-              {"attention_bias", bias},
-              {"torch_dtype", "float32"}};
-  // Token ids are int32 everywhere downstream: a larger value is refused here, by key.
-  if (const GGUFValue* b = f.find("tokenizer.ggml.bos_token_id")) m.config["bos_token_id"] = b->as_int(0, INT32_MAX);
-  if (const GGUFValue* e = f.find("tokenizer.ggml.eos_token_id")) m.config["eos_token_id"] = e->as_int(0, INT32_MAX);
   return m;
 }
 
