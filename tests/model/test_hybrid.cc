@@ -405,7 +405,7 @@ TEST(HybridFast, DecodeMatchesReferenceAndFastPrefill) {
     std::printf("hybrid fast path (%s, T 150): decode vs f32 reference max_rel %.2e, decode vs one-call prefill %.2e; "
                 "chunked prefill 70 + decode: vs reference %.2e, vs one-call prefill %.2e\n",
                 precision_name(prec), vs_ref, vs_prefill, chunked_vs_ref, chunked_vs_prefill);
-    EXPECT_LE(chunked_vs_ref, prec == Precision::BF16 ? 3e-2 : 0.15);
+    EXPECT_LE(chunked_vs_ref, prec == Precision::BF16 ? 2.5e-2 : 0.15);
     // One-call prefill and decode group the linear layers' sums differently (chunked vs stepped:
     // ~2e-7 relative, asserted at 2e-6 in test_linear_attention_prefill.cc without any rounding
     // to a weight format). Here the linears round their inputs to bf16 (a grid of 2^-8 relative)
@@ -415,11 +415,12 @@ TEST(HybridFast, DecodeMatchesReferenceAndFastPrefill) {
     const double split_bound = prec == Precision::BF16 ? 1e-2 : 3e-2;
     EXPECT_LE(vs_prefill, split_bound);
     EXPECT_LE(chunked_vs_prefill, split_bound);
-    // bf16: measured 1.98e-2 (avx2) / 1.99e-2 (reference ISA), inside test_fast_forward.cc's 2e-2
-    // but too close to assert it on every ISA, so 3e-2. int8: above test_int8_forward.cc's 0.08 -- the linear
-    // blocks' per-head norm divides by rms(o), magnifying q/k/v rounding where a head's o is small
-    // (measured on 2 layers of one kind, bf16: linear 2.4e-2, sliding 3.9e-3, full 3.8e-3).
-    EXPECT_LE(vs_ref, prec == Precision::BF16 ? 3e-2 : 0.15);
+    // bf16: measured 1.98e-2 (avx2) / 1.99e-2 (reference ISA). That is what bf16 weights imply
+    // (test_hybrid_precision.cc: the f32 forward with only its projection weights rounded to bf16
+    // is 2.25e-2 from the f32 one on this model): q_proj's rounding, magnified by the linear
+    // blocks' per-head norm where a position's o is small. So 2.5e-2, not tiny's 2e-2. int8: above
+    // test_int8_forward.cc's 0.08 for the same reason (measured 0.119).
+    EXPECT_LE(vs_ref, prec == Precision::BF16 ? 2.5e-2 : 0.15);
     // Logits::Last gives the last row of Logits::All.
     KVCache last = m.make_cache(1, T);
     const std::vector<float> l = m.forward_cached(ids, last, {0}, Logits::Last).to_float_vector();
