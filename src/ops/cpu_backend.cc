@@ -189,7 +189,7 @@ class CpuBackend final : public InferenceBackend {
   void ring_attention(const float* q, int64_t ldq, float* out, int64_t ldo, const TokenLayout& layout,
                       const AttentionShape& shape, const RingLayerView& ring) const override;
   void linear_attention_tokens(const float* qkv, int64_t ldqkv, float* out, int64_t ldo, const TokenLayout& layout,
-                               const AttentionShape& shape, const float* decay, float scale,
+                               const AttentionShape& shape, const float* log_decay, const float* decay, float scale,
                                const StateLayerView& state) const override;
 
   void lm_head(const PackedHead& head, const float* hidden, int64_t n, float* logits) const override {
@@ -267,22 +267,39 @@ void CpuBackend::ring_attention(const float* q, int64_t ldq, float* out, int64_t
   }
 }
 
+// Rows of at least this many tokens run the chunked form (a prefill: the training op's chunk loop,
+// so a prefill gives the training forward's bits); shorter runs (decode, a few draft tokens) step
+// the recurrence. Measured per token on one core (docs/HYBRID.md, "Chunked prefill"): at the
+// preset's d_state 32 x head_dim 32 the two forms cost the same to within ~10% (~0.5-0.9 us, under
+// 1% of a token's forward); from 64 x 64 on the chunked form is faster (2x at 128 x 128), from
+// about 16 tokens.
+constexpr int64_t kChunkedPrefillMinTokens = 16;
+
 void CpuBackend::linear_attention_tokens(const float* qkv, int64_t ldqkv, float* out, int64_t ldo,
-                                         const TokenLayout& layout, const AttentionShape& shape, const float* decay,
-                                         float scale, const StateLayerView& state) const {
+                                         const TokenLayout& layout, const AttentionShape& shape,
+                                         const float* log_decay, const float* decay, float scale,
+                                         const StateLayerView& state) const {
   const int64_t Hq = shape.q_heads, Hkv = shape.kv_heads, D = shape.head_dim, ds = state.state_dim;
   const LinearAttentionStepShape ls{Hq, Hkv, ds, D};
-  const int64_t per_state = Hkv * ds * D;
+  const int64_t per_state = Hkv * ds * D, T = layout.per_row;
   // The recurrence is sequential along a row; rows are independent, so a row's result never
-  // depends on the others or on the thread count.
+  // depends on the others or on the thread count (each row runs on one thread, in a fixed order,
+  // and whether it is chunked depends on its own token count only).
   parallel_for(layout.rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       float* S = state.state + layout.cache_row[b] * per_state;
-      for (int64_t t = 0; t < layout.per_row; ++t) {
-        const int64_t i = b * layout.per_row + t;
-        if (layout.position(i) == 0) std::fill(S, S + per_state, 0.0f);
-        const float* row = qkv + i * ldqkv;
-        linear_attention_step(S, row, row + Hq * ds, row + (Hq + Hkv) * ds, decay, out + i * ldo, ls, scale);
+      const int64_t i0 = b * T;
+      const bool fresh = layout.position(i0) == 0;
+      if (fresh) std::fill(S, S + per_state, 0.0f);
+      if (T >= kChunkedPrefillMinTokens) {
+        const float* row = qkv + i0 * ldqkv;
+        const LinearAttentionRun run{row, row + Hq * ds, row + (Hq + Hkv) * ds, ldqkv, out + i0 * ldo, ldo, T};
+        linear_attention_prefill(S, fresh, run, log_decay, ls, scale);
+        continue;
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row = qkv + (i0 + t) * ldqkv;
+        linear_attention_step(S, row, row + Hq * ds, row + (Hq + Hkv) * ds, decay, out + (i0 + t) * ldo, ls, scale);
       }
     }
   });

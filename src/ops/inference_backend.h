@@ -161,13 +161,15 @@ class InferenceBackend {
                                    const AttentionShape& shape, const RingLayerView& ring) const = 0;
   virtual void ring_attention(const float* q, int64_t ldq, float* out, int64_t ldo, const TokenLayout& layout,
                               const AttentionShape& shape, const RingLayerView& ring) const = 0;
-  // Log-decay linear attention, token by token per row (ops/linear_attention_step.h): the row
-  // qkv + i * ldqkv holds q (q_heads x state_dim), k (kv_heads x state_dim), v (kv_heads x
-  // head_dim); each token updates its cache row's state (zeroed first at position 0) and writes
-  // q_heads x head_dim outputs to out + i * ldo. decay [kv_heads, state_dim] = exp(log-decay), host.
+  // Log-decay linear attention per row (ops/linear_attention_step.h): the row qkv + i * ldqkv
+  // holds q (q_heads x state_dim), k (kv_heads x state_dim), v (kv_heads x head_dim); a row's
+  // tokens update its cache row's state (zeroed first at position 0) in order and write q_heads x
+  // head_dim outputs to out + i * ldo. log_decay [kv_heads, state_dim] and decay = exp(log_decay),
+  // host. A backend may run a row's tokens as one recurrence step each or in the chunked parallel
+  // form (equal up to f32 rounding); the choice depends only on the row's token count.
   virtual void linear_attention_tokens(const float* qkv, int64_t ldqkv, float* out, int64_t ldo,
-                                       const TokenLayout& layout, const AttentionShape& shape, const float* decay,
-                                       float scale, const StateLayerView& state) const = 0;
+                                       const TokenLayout& layout, const AttentionShape& shape, const float* log_decay,
+                                       const float* decay, float scale, const StateLayerView& state) const = 0;
 
   // ---- head
   // hidden [n, k] contiguous -> logits [n, V] (row stride V).

@@ -1,6 +1,8 @@
 #include "ops/linear_attention_step.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/linear_attention_fast.h"
 #include "ops/op_checks.h"
@@ -21,6 +23,42 @@ void linear_attention_step(float* state, const float* q, const float* k, const f
                            float* out, const LinearAttentionStepShape& shape, float scale) {
   kernels::fast::linear_attention_step(state, q, k, v, decay, out, shape.q_heads, shape.kv_heads, shape.state_dim,
                                        shape.value_dim, scale);
+}
+
+void linear_attention_prefill(float* state, bool state_zero, const LinearAttentionRun& run, const float* log_decay,
+                              const LinearAttentionStepShape& shape, float scale) {
+  static_assert(kLinearAttentionPrefillChunk == kernels::fast::kLinearAttentionChunk,
+                "the prefill runs the training kernel's chunks");
+  const int64_t Hq = shape.q_heads, Hkv = shape.kv_heads, ds = shape.state_dim, dv = shape.value_dim;
+  const int64_t group = Hq / Hkv, seg = std::min(run.tokens, kLinearAttentionPrefillSegment);
+  // The kernel reads head-major [head, T, width] rows; the inference forward has token-major rows
+  // with the heads side by side. Repack one segment at a time into this thread's buffers.
+  thread_local kernels::fast::LinearAttentionWorkspace ws;
+  thread_local std::vector<float> qh, kh, vh, oh;
+  qh.resize(static_cast<size_t>(Hq * seg * ds));
+  kh.resize(static_cast<size_t>(Hkv * seg * ds));
+  vh.resize(static_cast<size_t>(Hkv * seg * dv));
+  oh.resize(static_cast<size_t>(Hq * seg * dv));
+  for (int64_t t0 = 0; t0 < run.tokens; t0 += seg) {
+    const int64_t n = std::min(seg, run.tokens - t0);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t at = (t0 + t) * run.ld;
+      for (int64_t h = 0; h < Hq; ++h) std::copy_n(run.q + at + h * ds, ds, qh.data() + (h * n + t) * ds);
+      for (int64_t g = 0; g < Hkv; ++g) {
+        std::copy_n(run.k + at + g * ds, ds, kh.data() + (g * n + t) * ds);
+        std::copy_n(run.v + at + g * dv, dv, vh.data() + (g * n + t) * dv);
+      }
+    }
+    for (int64_t g = 0; g < Hkv; ++g) {
+      kernels::fast::linear_attention_forward_group(qh.data() + g * group * n * ds, n * ds, kh.data() + g * n * ds,
+                                                    vh.data() + g * n * dv, log_decay + g * ds, state + g * ds * dv,
+                                                    state_zero && t0 == 0, oh.data() + g * group * n * dv, n * dv, n,
+                                                    group, ds, dv, scale, ws);
+    }
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < Hq; ++h)
+        std::copy_n(oh.data() + (h * n + t) * dv, dv, run.out + (t0 + t) * run.ldo + h * dv);
+  }
 }
 
 Tensor linear_attention_step(Tensor& state, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,

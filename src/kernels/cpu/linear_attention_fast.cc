@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "corelm/isa.h"
@@ -45,9 +46,12 @@ Chunk chunk_at(const uint8_t* reset_row, int64_t t0, int64_t len, int64_t* doc_s
   return ch;
 }
 
-// Per-task buffers, sized once per call (nothing allocated per chunk).
-struct Scratch {
-  int64_t C, ds, dv;
+}  // namespace
+
+// Per-task buffers (the workspace of the header): resize() keeps the vectors' storage, so a
+// workspace reused for calls of at most the same sizes allocates nothing.
+struct LinearAttentionWorkspace::Scratch {
+  int64_t C = 0, ds = 0, dv = 0;
   std::vector<float> W;      // [C + 1, d_s]: W[d][c] = exp(d · a_c)
   std::vector<float> A, dA;  // [C, C]
   std::vector<float> rows, rows2, tmp;  // [C, d_s]
@@ -57,11 +61,16 @@ struct Scratch {
   std::vector<float> khat, dkhat;       // [C, d_s]: the keys before it, scaled to the same point
   std::vector<int64_t> doc_start;       // [C]
   bool avx2 = use_avx2();
-  Scratch(int64_t chunk, int64_t state_dim, int64_t value_dim)
-      : C(chunk), ds(state_dim), dv(value_dim), W((chunk + 1) * state_dim), A(chunk * chunk), dA(chunk * chunk),
-        rows(chunk * state_dim), rows2(chunk * state_dim), tmp(chunk * state_dim), S(state_dim * value_dim),
-        G(state_dim * value_dim), Gn(state_dim * value_dim), kw(state_dim), da_chunk(state_dim), qhat(kSub * state_dim),
-        dqhat(kSub * state_dim), khat(chunk * state_dim), dkhat(chunk * state_dim), doc_start(chunk) {}
+  Scratch(int64_t chunk, int64_t state_dim, int64_t value_dim) { resize(chunk, state_dim, value_dim); }
+  void resize(int64_t chunk, int64_t state_dim, int64_t value_dim) {
+    C = chunk, ds = state_dim, dv = value_dim;
+    avx2 = use_avx2();
+    W.resize((C + 1) * ds), A.resize(C * C), dA.resize(C * C);
+    rows.resize(C * ds), rows2.resize(C * ds), tmp.resize(C * ds);
+    S.resize(ds * dv), G.resize(ds * dv), Gn.resize(ds * dv);
+    kw.resize(ds), da_chunk.resize(ds), qhat.resize(kSub * ds), dqhat.resize(kSub * ds);
+    khat.resize(C * ds), dkhat.resize(C * ds), doc_start.resize(C);
+  }
 
   void set_decay(const float* a) {
     for (int64_t d = 0; d <= C; ++d)
@@ -69,6 +78,9 @@ struct Scratch {
   }
   const float* w(int64_t d) const { return W.data() + d * ds; }
 };
+
+namespace {
+using Scratch = LinearAttentionWorkspace::Scratch;
 
 // Rows [p, end) of a chunk; its first `rows` rows (those before any reset inside it) see the keys
 // [jlo, p) of their document before p. rows = 0: no key before p is visible.
@@ -114,7 +126,50 @@ void pair_scores(const float* q, const float* k, const Chunk& ch, Scratch& s) {
   }
 }
 
+// One (sequence, kv head): the chunk loop of linear_attention_forward on the state S [d_s, d_v]
+// (in place; state_zero: S holds zeros, so the first chunk skips the carried-state product).
+void forward_group(const float* q, int64_t q_head_stride, const float* kr, const float* vr, const float* log_decay,
+                   const uint8_t* reset_row, float* S, bool state_zero, float* out, int64_t out_head_stride,
+                   float* chunk_states, int64_t T, int64_t group, float scale, int64_t chunk, Scratch& s) {
+  const int64_t ds = s.ds, dv = s.dv, C = s.C, n_chunks = linear_attention_chunks(T, chunk);
+  s.set_decay(log_decay);
+  for (int64_t n = 0; n < n_chunks; ++n) {
+    const int64_t t0 = n * C;
+    const Chunk ch = chunk_at(reset_row, t0, std::min(C, T - t0), s.doc_start.data());
+    if (chunk_states != nullptr) std::memcpy(chunk_states + n * ds * dv, S, ds * dv * sizeof(float));
+    for (int64_t h = 0; h < group; ++h) {
+      const float* qh = q + h * q_head_stride;
+      float* oh = out + h * out_head_stride + t0 * dv;
+      pair_scores(qh, kr, ch, s);
+      gemm_f32(false, false, ch.len, dv, ch.len, scale, s.A.data(), C, vr + t0 * dv, dv, 0.0f, oh, dv);
+      if (ch.carry_rows > 0 && !state_zero) {
+        float* qhat = s.rows.data();  // q_t ⊙ W[t - t0 + 1]
+        for (int64_t i = 0; i < ch.carry_rows; ++i) product(qhat + i * ds, qh + (t0 + i) * ds, s.w(i + 1), ds);
+        gemm_f32(false, false, ch.carry_rows, dv, ds, scale, qhat, ds, S, dv, 1.0f, oh, dv);
+      }
+    }
+    // The state after the chunk: the decayed carry (unless a reset dropped it) plus the keys of
+    // the last document, each decayed by its distance to the chunk's end.
+    if (ch.carries_state()) {
+      for (int64_t c = 0; c < ds; ++c) {
+        const float wl = s.w(ch.len)[c];
+        for (int64_t j = 0; j < dv; ++j) S[c * dv + j] *= wl;
+      }
+    } else {
+      std::fill(S, S + ds * dv, 0.0f);
+    }
+    const int64_t nk = ch.len - ch.key_from;
+    float* khat = s.rows.data();
+    for (int64_t i = 0; i < nk; ++i) product(khat + i * ds, kr + (t0 + ch.key_from + i) * ds, s.w(nk - 1 - i), ds);
+    gemm_f32(true, false, ds, dv, nk, 1.0f, khat, ds, vr + (t0 + ch.key_from) * dv, dv, 1.0f, S, dv);
+    state_zero = false;
+  }
+}
+
 }  // namespace
+
+LinearAttentionWorkspace::LinearAttentionWorkspace() = default;
+LinearAttentionWorkspace::~LinearAttentionWorkspace() = default;
 
 void linear_attention_forward(const float* q, const float* k, const float* v, const float* log_decay,
                               const uint8_t* reset, const float* initial_state, float* out, float* final_state,
@@ -126,51 +181,32 @@ void linear_attention_forward(const float* q, const float* k, const float* v, co
     Scratch s(C, ds, dv);
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / dims.kv_heads, g = bg % dims.kv_heads;
-      const float* kr = k + bg * T * ds;
-      const float* vr = v + bg * T * dv;
-      const uint8_t* reset_row = reset != nullptr ? reset + b * T : nullptr;
-      s.set_decay(log_decay + g * ds);
       float* S = s.S.data();
-      bool state_zero = initial_state == nullptr;
+      const bool state_zero = initial_state == nullptr;
       if (state_zero)
         std::fill(s.S.begin(), s.S.end(), 0.0f);
       else
         std::memcpy(S, initial_state + bg * ds * dv, ds * dv * sizeof(float));
-      for (int64_t n = 0; n < n_chunks; ++n) {
-        const int64_t t0 = n * C;
-        const Chunk ch = chunk_at(reset_row, t0, std::min(C, T - t0), s.doc_start.data());
-        if (chunk_states != nullptr) std::memcpy(chunk_states + (bg * n_chunks + n) * ds * dv, S, ds * dv * sizeof(float));
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          const float* qh = q + (b * dims.q_heads + h) * T * ds;
-          float* oh = out + ((b * dims.q_heads + h) * T + t0) * dv;
-          pair_scores(qh, kr, ch, s);
-          gemm_f32(false, false, ch.len, dv, ch.len, scale, s.A.data(), C, vr + t0 * dv, dv, 0.0f, oh, dv);
-          if (ch.carry_rows > 0 && !state_zero) {
-            float* qhat = s.rows.data();  // q_t ⊙ W[t - t0 + 1]
-            for (int64_t i = 0; i < ch.carry_rows; ++i) product(qhat + i * ds, qh + (t0 + i) * ds, s.w(i + 1), ds);
-            gemm_f32(false, false, ch.carry_rows, dv, ds, scale, qhat, ds, S, dv, 1.0f, oh, dv);
-          }
-        }
-        // The state after the chunk: the decayed carry (unless a reset dropped it) plus the keys of
-        // the last document, each decayed by its distance to the chunk's end.
-        if (ch.carries_state()) {
-          for (int64_t c = 0; c < ds; ++c) {
-            const float wl = s.w(ch.len)[c];
-            for (int64_t j = 0; j < dv; ++j) S[c * dv + j] *= wl;
-          }
-        } else {
-          std::fill(s.S.begin(), s.S.end(), 0.0f);
-        }
-        const int64_t nk = ch.len - ch.key_from;
-        float* khat = s.rows.data();
-        for (int64_t i = 0; i < nk; ++i)
-          product(khat + i * ds, kr + (t0 + ch.key_from + i) * ds, s.w(nk - 1 - i), ds);
-        gemm_f32(true, false, ds, dv, nk, 1.0f, khat, ds, vr + (t0 + ch.key_from) * dv, dv, 1.0f, S, dv);
-        state_zero = false;
-      }
+      const int64_t h0 = b * dims.q_heads + g * group;
+      forward_group(q + h0 * T * ds, T * ds, k + bg * T * ds, v + bg * T * dv, log_decay + g * ds,
+                    reset != nullptr ? reset + b * T : nullptr, S, state_zero, out + h0 * T * dv, T * dv,
+                    chunk_states != nullptr ? chunk_states + bg * n_chunks * ds * dv : nullptr, T, group, scale, C, s);
       if (final_state != nullptr) std::memcpy(final_state + bg * ds * dv, S, ds * dv * sizeof(float));
     }
   });
+}
+
+void linear_attention_forward_group(const float* q, int64_t q_head_stride, const float* k, const float* v,
+                                    const float* log_decay, float* state, bool state_zero, float* out,
+                                    int64_t out_head_stride, int64_t seq_len, int64_t group, int64_t state_dim,
+                                    int64_t value_dim, float scale, LinearAttentionWorkspace& ws, int64_t chunk) {
+  const int64_t C = std::min(chunk, std::max<int64_t>(seq_len, 1));
+  if (!ws.scratch_)
+    ws.scratch_ = std::make_unique<Scratch>(C, state_dim, value_dim);
+  else
+    ws.scratch_->resize(C, state_dim, value_dim);
+  forward_group(q, q_head_stride, k, v, log_decay, nullptr, state, state_zero, out, out_head_stride, nullptr, seq_len,
+                group, scale, C, *ws.scratch_);
 }
 
 void linear_attention_backward(const float* q, const float* k, const float* v, const float* log_decay,

@@ -17,6 +17,7 @@
 // not depend on the other rows or on the thread count.
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "kernels/cpu/reference/linear_attention.h"
 
@@ -37,6 +38,36 @@ void linear_attention_forward(const float* q, const float* k, const float* v, co
                               const uint8_t* reset, const float* initial_state, float* out, float* final_state,
                               float* chunk_states, const LinearAttentionDims& dims, float scale,
                               int64_t chunk = kLinearAttentionChunk);
+
+// Reusable buffers of linear_attention_forward_group, one per thread: after the first call of a
+// given size, later calls of at most that size allocate nothing (the inference prefill).
+class LinearAttentionWorkspace {
+ public:
+  LinearAttentionWorkspace();
+  ~LinearAttentionWorkspace();
+  LinearAttentionWorkspace(const LinearAttentionWorkspace&) = delete;
+  LinearAttentionWorkspace& operator=(const LinearAttentionWorkspace&) = delete;
+  struct Scratch;
+
+ private:
+  std::unique_ptr<Scratch> scratch_;
+  friend void linear_attention_forward_group(const float*, int64_t, const float*, const float*, const float*, float*,
+                                             bool, float*, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                                             LinearAttentionWorkspace&, int64_t);
+};
+
+// One sequence and one kv head of linear_attention_forward (no document resets): the group of
+// query heads sharing that kv head, q [group, T, d_s] (head h at q + h · q_head_stride), k [T, d_s],
+// v [T, d_v], out [group, T, d_v] (head h at out + h · out_head_stride). state [d_s, d_v] is the
+// state before the first position and becomes the state after the last, in place; state_zero says
+// it holds zeros (the first chunk then skips the carried-state product, as the batched form does
+// without an initial state). log_decay [d_s] of this kv head. The same chunk loop, in the same
+// order, as linear_attention_forward, so a sequence's output is the same bits either way.
+void linear_attention_forward_group(const float* q, int64_t q_head_stride, const float* k, const float* v,
+                                    const float* log_decay, float* state, bool state_zero, float* out,
+                                    int64_t out_head_stride, int64_t seq_len, int64_t group, int64_t state_dim,
+                                    int64_t value_dim, float scale, LinearAttentionWorkspace& ws,
+                                    int64_t chunk = kLinearAttentionChunk);
 
 // Gradients of q, k, v and log_decay, chunk by chunk from the last, carrying dL/dS_end backwards;
 // chunk_states as written by the forward with the same chunk. grad_log_decay [Hkv, d_s] sums the

@@ -5,8 +5,8 @@
 // No RoPE: the decay orders time. The scale is applied by the op (o = scale · Sᵀq), which is the
 // same as scaling q. The reference incremental forward carries each row's state in the cache
 // (KVCache::state): the op runs from it (from zeros at a row's position 0) and leaves its final
-// state there. The packed inference forward runs the recurrence token by token through the backend
-// (linear_attention_tokens), then the per-head norm and o_proj.
+// state there. The packed inference forward runs the backend's linear_attention_tokens (a prefill
+// in the chunked form, a decode step as one recurrence step), then the per-head norm and o_proj.
 #include "model/blocks/linear_attention.h"
 
 #include <cmath>
@@ -22,7 +22,8 @@ struct Packed final : PackedBlock {
   std::unique_ptr<ops::PackedVector> in_norm, out_norm;
   std::unique_ptr<ops::PackedLinear> qkv;  // [Hq ds + Hkv ds + Hkv D, H]
   std::unique_ptr<ops::PackedLinear> o;    // [H, Hq D]
-  std::vector<float> decay;                // exp(-exp(w)) [Hkv, ds], host
+  std::vector<float> log_decay;            // -exp(w) [Hkv, ds], host: the chunked prefill's input
+  std::vector<float> decay;                // exp(-exp(w)) [Hkv, ds], host: the decode step's factor
 };
 
 Tensor split_heads(const Tensor& x, int64_t B, int64_t T, int64_t heads, int64_t D) {
@@ -101,7 +102,9 @@ class LinearAttention final : public Block {
     w->qkv = pack_rows(be, p, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, c.hidden_size, format);
     w->o = pack_rows(be, p, {"self_attn.o_proj"}, c.num_attention_heads * c.head_dim, format);
     // The same factors as the training op: a = -exp(w) on the ops, then exp(a) as the kernels take it.
-    const Tensor decay = ops::linear_attention_decay(ops::neg(ops::exp(p.get("self_attn.decay")))).contiguous();
+    const Tensor a = ops::neg(ops::exp(p.get("self_attn.decay"))).contiguous();
+    const Tensor decay = ops::linear_attention_decay(a).contiguous();
+    w->log_decay.assign(a.data<float>(), a.data<float>() + a.numel());
     w->decay.assign(decay.data<float>(), decay.data<float>() + decay.numel());
     return w;
   }
@@ -121,7 +124,7 @@ class LinearAttention final : public Block {
     s.be.linear(*w.qkv, h, N, H, qkv, QKV);
     const ops::AttentionShape shape{Hq, Hkv, D, 1.0f};
     const ops::StateLayerView state{s.cache.state(s.layer).data<float>(), ds};
-    s.be.linear_attention_tokens(qkv, QKV, attn, O, s.layout, shape, w.decay.data(),
+    s.be.linear_attention_tokens(qkv, QKV, attn, O, s.layout, shape, w.log_decay.data(), w.decay.data(),
                                  1.0f / std::sqrt(static_cast<float>(ds)), state);
     s.be.rms_norm(attn, D, *w.out_norm, normed, D, N * Hq, eps);  // per head
     if (s.last_only) s.keep_last_only(normed, O, O);
