@@ -83,7 +83,12 @@ TEST(KVAttentionFast, MatchesThePortableKernelAndTheDecodedReference) {
     for (const QuantCacheFormats& f : format_pairs()) {
       const Cache c(D, Hkv, cap, f, 100 + D);
       double max_portable = 0, max_reference = 0;
-      for (int64_t len : lengths)
+      for (int64_t len : lengths) {
+        // The group entry point (what the model calls: 3 heads per kv head here) beside the per-head one.
+        std::vector<float> grouped(static_cast<size_t>(Hq * D));
+        for (int64_t g = 0; g < Hkv; ++g)
+          quant_attention_group(q.data() + g * 3 * D, c.kb.data(), c.vb.data(), grouped.data() + g * 3 * D, g, len - 1,
+                                shape, f);
         for (int64_t h = 0; h < Hq; ++h) {
           const int64_t pos = len - 1;
           const std::vector<float> got = attend(c, q.data() + h * D, h, pos, shape);
@@ -99,13 +104,48 @@ TEST(KVAttentionFast, MatchesThePortableKernelAndTheDecodedReference) {
                                               << " keys=" << len << " head=" << h << " i=" << i;
             ASSERT_NEAR(got[i], portable[i], tol) << kv_format_name(f.k) << "/" << kv_format_name(f.v) << " D=" << D
                                                   << " keys=" << len << " head=" << h << " i=" << i;
-            max_reference = std::max(max_reference, std::fabs(double(got[i]) - want[i]));
+            ASSERT_NEAR(grouped[h * D + i], want[i], tol) << kv_format_name(f.k) << "/" << kv_format_name(f.v)
+                                                          << " grouped D=" << D << " keys=" << len << " head=" << h;
+            max_reference = std::max({max_reference, std::fabs(double(got[i]) - want[i]),
+                                      std::fabs(double(grouped[h * D + i]) - want[i])});
             max_portable = std::max(max_portable, std::fabs(double(got[i]) - portable[i]));
           }
         }
-      std::printf("[kv-attn] %s %-6s/%-6s D=%3lld max |fast - decoded ref| %.3g, max |fast - portable| %.3g\n",
+      }
+      std::printf("[kv-attn] %s %-6s/%-6s D=%3lld max |fast (head, group) - decoded ref| %.3g, max |fast - portable| %.3g\n",
                   isa_name(best), kv_format_name(f.k), kv_format_name(f.v), static_cast<long long>(D), max_reference,
                   max_portable);
+    }
+  }
+}
+
+// quant_attention_group (all query heads of one kv head at once, each cache row decoded once for
+// the group) gives every head what quant_attention_head gives it: the same bits for a group of 1,
+// within f32 summation order otherwise (G > 1 drops the even/odd value chains), for groups that
+// take one pass (2, 3, 4) and several (6 = 4 + 2, 8 = 4 + 4).
+TEST(KVAttentionFast, GroupOfQueryHeadsMatchesHeadByHead) {
+  const int64_t D = 64, Hkv = 2, pos = 70;
+  for (int64_t G : {1, 2, 3, 4, 6, 8}) {
+    const int64_t Hq = G * Hkv;
+    const CachedAttention shape{Hq, Hkv, D, 80, 0.125f};
+    const std::vector<float> q = random_floats(static_cast<size_t>(Hq * D), 40 + G, 2.0f);
+    for (const QuantCacheFormats& f : format_pairs()) {
+      const Cache c(D, Hkv, 80, f, 60 + G);
+      std::vector<float> group(static_cast<size_t>(Hq * D));
+      for (int64_t g = 0; g < Hkv; ++g)
+        quant_attention_group(q.data() + g * G * D, c.kb.data(), c.vb.data(), group.data() + g * G * D, g, pos, shape,
+                              f);
+      for (int64_t h = 0; h < Hq; ++h) {
+        const std::vector<float> alone = attend(c, q.data() + h * D, h, pos, shape);
+        for (int64_t i = 0; i < D; ++i) {
+          if (G == 1) {
+            ASSERT_EQ(std::memcmp(&alone[i], &group[h * D + i], 4), 0) << kv_format_name(f.k) << " head " << h;
+          } else {
+            ASSERT_NEAR(group[h * D + i], alone[i], 2e-5 * std::max(1.0f, std::fabs(alone[i])))
+                << kv_format_name(f.k) << "/" << kv_format_name(f.v) << " G=" << G << " head " << h << " i=" << i;
+          }
+        }
+      }
     }
   }
 }

@@ -26,4 +26,12 @@ struct QuantCacheFormats {
 void quant_attention_head(const float* q, const uint8_t* k_cache, const uint8_t* v_cache, float* out, int64_t head,
                           int64_t pos, const CachedAttention& shape, QuantCacheFormats formats);
 
+// The same for all q_heads / kv_heads query heads that read kv head `kv_head` (heads
+// kv_head * G .. kv_head * G + G - 1): q and out point at the first of them, the G heads' head_dim
+// floats one after the other. The vector kernels decode each cache row once for the group
+// instead of once per head; each head's output is what quant_attention_head gives it, up to f32
+// summation order (bitwise when G is 1), and depends only on the query and the cache row.
+void quant_attention_group(const float* q, const uint8_t* k_cache, const uint8_t* v_cache, float* out,
+                           int64_t kv_head, int64_t pos, const CachedAttention& shape, QuantCacheFormats formats);
+
 }  // namespace corelm::kernels

@@ -72,9 +72,10 @@ struct KvZmm : Zmm {
 
 }  // namespace
 
-bool quant_attention_head(const float* q, const uint8_t* k_cache, const uint8_t* v_cache, float* out, int64_t head,
-                          int64_t pos, const CachedAttention& shape, QuantCacheFormats formats) {
-  return attend_quantized<KvZmm>(q, k_cache, v_cache, out, head, pos, shape, formats);
+bool quant_attention_heads(const float* q, const uint8_t* k_cache, const uint8_t* v_cache, float* out,
+                           int64_t kv_head, int64_t heads, int64_t pos, const CachedAttention& shape,
+                           QuantCacheFormats formats) {
+  return attend_quantized<KvZmm>(q, k_cache, v_cache, out, kv_head, heads, pos, shape, formats);
 }
 
 }  // namespace corelm::kernels::avx512
