@@ -81,13 +81,16 @@ inline float read_chunk(const uint8_t* row, int64_t c, int64_t n, const typename
     }
     return V::half(b);
   } else if constexpr (F == KVFormat::Turbo4) {
-    const uint8_t* b = row + (c / n) * (2 + n / 2);
-    const uint8_t* codes = b + 2 + (c % n) / 2;
+    // n is a power of two: shifts and masks, not a division per chunk.
+    const int sh = __builtin_ctzll(static_cast<unsigned long long>(n));
+    const uint8_t* b = row + (c >> sh) * (2 + n / 2);
+    const uint8_t* codes = b + 2 + (c & (n - 1)) / 2;
     for (int r = 0; r < R; ++r) x[r] = V::t4(codes + r * W / 2, cb);
     return V::half(b);
   } else {  // Turbo3
-    const uint8_t* b = row + (c / n) * (2 + 3 * n / 8);
-    const uint8_t* groups = b + 2 + 3 * (c % n) / 8;
+    const int sh = __builtin_ctzll(static_cast<unsigned long long>(n));
+    const uint8_t* b = row + (c >> sh) * (2 + 3 * n / 8);
+    const uint8_t* groups = b + 2 + 3 * (c & (n - 1)) / 8;
     for (int r = 0; r < R; ++r) x[r] = V::t3(groups + 3 * (r * W / 8), cb);
     return V::half(b);
   }
