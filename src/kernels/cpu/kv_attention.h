@@ -6,6 +6,9 @@
 //  - turbo keys: the query is rotated once per call (the rotation is orthogonal, so
 //    q·x̂ = (Rq)·(s·c)) and each score is the norm times the query's dot with the codebook levels;
 //    turbo values: s·c accumulated in the rotated basis, rotated back once at the end.
+// From Isa::Avx2 up the work is done by the hand-vectorised kernel (kv_attention_tiles.h: rows
+// decoded into registers, online softmax over blocks of 8 / 16 keys) for head_dim a multiple of
+// 32 up to 256; otherwise, and at Isa::Reference, by the portable kernel (kv_attention_impl.h).
 // Scores and sums are f32 in a fixed order, so a result depends only on the query and the
 // row's cache, not on the batch or the threads. Same contract as fused_attention_head (fused.h)
 // otherwise: positions 0 ..= pos are attended, query head h reads kv head h / (q_heads / kv_heads).
