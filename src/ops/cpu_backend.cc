@@ -316,19 +316,24 @@ void CpuBackend::cached_attention(const float* q, int64_t ldq, float* out, int64
   const auto* kc = static_cast<const float*>(cache.k);
   const auto* vc = static_cast<const float*>(cache.v);
   const int64_t krb = cache.k_row_bytes, vrb = cache.v_row_bytes, n = layout.tokens();
-  // One work item per (token, query head); each writes only its own output slice. Few items
-  // (decoding one row) go one per chunk so a second thread still gets heads to do.
-  parallel_for(n * Hq, n * Hq >= 64 ? 4 : 1, [&](int64_t begin, int64_t end) {
+  const int64_t n_items = f32 ? n * Hq : n * Hkv;
+  // f32: one work item per (token, query head). Encoded caches: one per (token, kv head), the
+  // kernel decoding each cache row once for the query heads that share it (GQA). Either way an
+  // item writes only its own output slice, in a fixed order. Few items (decoding one row) go one
+  // per chunk so a second thread still gets heads to do.
+  parallel_for(n_items, n_items >= 64 ? 4 : 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t i = item / Hq, head = item % Hq;
-      const int64_t r = layout.cache_row[layout.row_of(i)], pos = layout.position(i);
       if (f32) {
+        const int64_t i = item / Hq, head = item % Hq;
+        const int64_t r = layout.cache_row[layout.row_of(i)], pos = layout.position(i);
         const int64_t row_base = r * Hkv * cap * D;
         kernels::fused_attention_head(q + i * ldq + head * D, kc + row_base, vc + row_base, out + i * ldo + head * D,
                                       head, pos, kshape);
       } else {
-        kernels::quant_attention_head(q + i * ldq + head * D, kb + r * Hkv * cap * krb, vb + r * Hkv * cap * vrb,
-                                      out + i * ldo + head * D, head, pos, kshape, formats);
+        const int64_t i = item / Hkv, g = item % Hkv, first = g * (Hq / Hkv);
+        const int64_t r = layout.cache_row[layout.row_of(i)], pos = layout.position(i);
+        kernels::quant_attention_group(q + i * ldq + first * D, kb + r * Hkv * cap * krb, vb + r * Hkv * cap * vrb,
+                                       out + i * ldo + first * D, g, pos, kshape, formats);
       }
     }
   });

@@ -288,11 +288,12 @@ TEST(KVCacheTypes, BlocksAndRowCopiesMoveTheStoredBytes) {
 namespace corelm::model {
 namespace {
 
-// Decode speed per cache type at depth 0 and 4096 on the smollm2-135m shape (random weights,
+// Decode speed per cache type at depth 0 and 4096 (or the depths given) on the smollm2-135m shape (random weights,
 // bf16 fast path, 1 thread): the cache's first `depth` positions are filled with encoded random
 // keys/values (speed does not depend on their values), then `steps` single-token steps are timed.
 // Run by hand: test_model --gtest_also_run_disabled_tests --gtest_filter='*BenchKVCacheTypes*'
-// (CORELM_KV_BENCH_STEPS overrides the 16 steps). Results: docs/BENCHMARKS.md.
+// (CORELM_KV_BENCH_STEPS overrides the 16 steps; CORELM_KV_BENCH_DEPTHS the depths, a comma list,
+// default "0,4096", e.g. "0,4096,16384"). Results: docs/BENCHMARKS.md.
 TEST(KVCacheTypes, DISABLED_BenchKVCacheTypes) {
   const char* steps_env = std::getenv("CORELM_KV_BENCH_STEPS");
   const int64_t steps = steps_env ? std::atoll(steps_env) : 16;
@@ -301,14 +302,24 @@ TEST(KVCacheTypes, DISABLED_BenchKVCacheTypes) {
   d.init_weights(1);
   d.prepare_inference(Precision::BF16);
   set_num_threads(1);
-  std::vector<float> noise(static_cast<size_t>(4096 * c.head_dim));
+  std::vector<int64_t> depths;
+  const char* depths_env = std::getenv("CORELM_KV_BENCH_DEPTHS");
+  for (const char* p = depths_env ? depths_env : "0,4096"; *p;) {
+    char* end = nullptr;
+    depths.push_back(std::strtoll(p, &end, 10));
+    ASSERT_TRUE(end != p && depths.back() >= 0) << "CORELM_KV_BENCH_DEPTHS: expected a comma list of depths, got "
+                                                << depths_env;
+    p = *end == ',' ? end + 1 : end;
+  }
+  const int64_t max_depth = *std::max_element(depths.begin(), depths.end());
+  std::vector<float> noise(static_cast<size_t>(std::max<int64_t>(max_depth, 1) * c.head_dim));
   uint64_t s = 99;
   for (float& x : noise) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     x = static_cast<float>(static_cast<int64_t>(s >> 40) % 2001 - 1000) / 500.0f;
   }
   for (KVCacheType t : kTypes)
-    for (int64_t depth : {int64_t{0}, int64_t{4096}}) {
+    for (int64_t depth : depths) {
       KVCache cache(c, 1, depth + steps + 1, {t, t});
       if (depth > 0) {
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)

@@ -19,14 +19,6 @@
 namespace corelm::kernels::avx2 {
 namespace {
 
-// out lane i = sum of the 8 lanes of v[i] (fixed add tree).
-__m256 transpose_sum8(const __m256 v[8]) {
-  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 // acc[c] += sum over keys i < n of probs[i] * V[i][c] for the chunks [c0, c0 + G): even keys into
 // acc, odd keys into acc_odd, so two independent FMA chains per chunk.
 template <int G, int64_t D>

@@ -67,4 +67,12 @@ inline __m256 mul_rounded(__m256 a, __m256 b) {
   return p;
 }
 
+// out lane i = sum of the 8 lanes of v[i] (fixed add tree).
+inline __m256 transpose_sum8(const __m256 v[8]) {
+  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 }  // namespace corelm::kernels::avx2
