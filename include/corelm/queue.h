@@ -158,6 +158,16 @@ std::string queue_path(const std::string& state_dir);
 // The schema v1 DDL (what corelm wrote before the endpoint column): tests build a v1 file with it
 // to check the migration that open() applies in place.
 const char* schema_v1_sql();
+// The DDL that takes a file from version - 1 to `version` (2 or 3; nullptr otherwise): with
+// schema_v1_sql(), tests build a file of any older version exactly as that corelm left it.
+const char* schema_migration_sql(int64_t version);
+
+// What complete_and_lease() did: the acks it refused (lease lost, as complete_many) and the rows
+// it leased.
+struct AckAndLease {
+  std::vector<RequestId> refused;
+  std::vector<LeasedRequest> leased;
+};
 
 class Queue {
  public:
@@ -169,7 +179,7 @@ class Queue {
   Queue& operator=(Queue&&) noexcept;
   ~Queue();
 
-  static constexpr int64_t kSchemaVersion = 2;
+  static constexpr int64_t kSchemaVersion = 3;
   int64_t schema_version() const;
   const std::string& path() const;
 
@@ -192,6 +202,13 @@ class Queue {
   // skipped and returned; the others are stored.
   std::vector<RequestId> complete_many(const std::string& worker_id,
                                        const std::vector<std::pair<RequestId, Result>>& results);
+  // complete_many(results) and then lease(worker_id, n) in one transaction: a worker that acks a
+  // group and refills pays one commit (one fsync under Sync::full) for both. The results are on
+  // disk when it returns, as with complete_many; a crash before the commit keeps neither the
+  // results nor the new leases (those rows stay queued). n == 0 leases nothing; results may be
+  // empty. ValueError as lease() for an empty worker_id or n < 0.
+  AckAndLease complete_and_lease(const std::string& worker_id,
+                                 const std::vector<std::pair<RequestId, Result>>& results, int64_t n);
   // Back to queued, or failed with an error result once attempts >= max_attempts.
   // Returns the new state. LeaseLostError as complete().
   RequestState fail(RequestId id, const std::string& worker_id, const std::string& error);

@@ -133,10 +133,36 @@ CREATE INDEX files_batch ON files(batch_id) WHERE batch_id IS NOT NULL;
 CREATE INDEX requests_batch_order ON requests(batch_id, id) WHERE batch_id IS NOT NULL;
 )sql";
 
+// v2 -> v3: less SQLite work per state change (issue 16: the queue's fixed cost per request).
+// A lease and an ack each rewrote the row, four index entries that follow `state` and two
+// state_counts rows per row through a trigger. Now:
+// - requests_worker goes: renew() and reclaim find a worker's rows through requests_running
+//   (running rows are few: the leases in flight).
+// - requests_batch (batch_id, state) over every row becomes requests_batch_pending over the
+//   queued and running rows only: an ack drops the row's entry instead of moving it to 'done'.
+//   pending_in_batch() and cancel_batch() range over it; counts(batch_id) reads the batch's rows
+//   through requests_batch_order.
+// - The insert and update triggers on state_counts go: the statements that change states add
+//   their totals once per transaction (Impl::delta). The delete trigger stays (delete_file only).
+// The state counts are left as the triggers kept them; the rows are not touched.
+const char* kMigrateV2toV3 = R"sql(
+DROP INDEX requests_worker;
+DROP INDEX requests_batch;
+CREATE INDEX requests_batch_pending ON requests(batch_id, state)
+  WHERE batch_id IS NOT NULL AND state IN ('queued','running');
+DROP TRIGGER requests_count_insert;
+DROP TRIGGER requests_count_update;
+)sql";
+
 }  // namespace
 
-// The v1 DDL, for tests that build a v1 file to check the migration.
+// The v1 DDL and the migrations, for tests that build an old file to check the migration.
 const char* schema_v1_sql() { return kSchemaV1; }
+const char* schema_migration_sql(int64_t version) {
+  if (version == 2) return kMigrateV1toV2;
+  if (version == 3) return kMigrateV2toV3;
+  return nullptr;
+}
 
 const char* to_string(RequestState s) {
   switch (s) {
@@ -161,6 +187,9 @@ struct Queue::Impl {
   mutable std::mutex mu;
   // Keyed by the SQL literal's address: every cached statement is a string literal.
   mutable std::unordered_map<const char*, sqlite3_stmt*> stmts;
+  // State changes of the open write transaction, added to state_counts once before its commit
+  // (schema v3: one UPDATE per state per transaction instead of a trigger per row).
+  Counts delta;
 
   ~Impl() {
     for (auto& [sql, st] : stmts) sqlite3_finalize(st);
@@ -230,6 +259,11 @@ struct Queue::Impl {
     if (s) bind(st, i, *s);
     else sqlite3_bind_null(st, i);
   }
+  // Not copied: only for a string that outlives the step, and the caller clears the bindings
+  // before the statement goes back to the cache.
+  void bind_static(sqlite3_stmt* st, int i, const std::string& s) const {
+    sqlite3_bind_text(st, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC);
+  }
   void bind(sqlite3_stmt* st, int i, int64_t v) const { sqlite3_bind_int64(st, i, v); }
   void bind(sqlite3_stmt* st, int i, double v) const { sqlite3_bind_double(st, i, v); }
 
@@ -262,21 +296,49 @@ struct Queue::Impl {
     return v;
   }
 
+  // Runs one cached statement that yields no row (BEGIN, COMMIT, PRAGMA ... = ...): parsed once,
+  // not at every transaction as sqlite3_exec would.
+  void run_cached(const char* sql, const char* what) const {
+    sqlite3_stmt* st = stmt(sql);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) raise(rc, what);
+  }
+
+  // Adds the transaction's state changes to state_counts (before its COMMIT).
+  void flush_delta() {
+    const std::pair<const char*, int64_t> all[] = {{"queued", delta.queued}, {"running", delta.running},
+                                                   {"done", delta.done},     {"failed", delta.failed},
+                                                   {"cancelled", delta.cancelled}};
+    for (const auto& [state, n] : all) {
+      if (n == 0) continue;
+      sqlite3_stmt* st = stmt("UPDATE state_counts SET n = n + ? WHERE state = ?");
+      bind(st, 1, n);
+      sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+      run(st);
+    }
+    delta = Counts{};
+  }
+
   // BEGIN IMMEDIATE takes the write lock up front, so two processes never both read and then
   // deadlock upgrading; busy_timeout makes the loser wait instead of failing.
   template <typename F>
   auto write(F&& f) {
-    exec("BEGIN IMMEDIATE");
+    delta = Counts{};
+    run_cached("BEGIN IMMEDIATE", "BEGIN IMMEDIATE");
     try {
       if constexpr (std::is_void_v<decltype(f())>) {
         f();
-        exec("COMMIT");
+        flush_delta();
+        run_cached("COMMIT", "COMMIT");
       } else {
         auto r = f();
-        exec("COMMIT");
+        flush_delta();
+        run_cached("COMMIT", "COMMIT");
         return r;
       }
     } catch (...) {
+      delta = Counts{};
       sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
       throw;
     }
@@ -286,7 +348,7 @@ struct Queue::Impl {
     sqlite3_stmt* st = stmt("SELECT COALESCE(SUM(n),0) FROM state_counts WHERE state IN ('queued','running')");
     int64_t n = step(st) ? sqlite3_column_int64(st, 0) : 0;
     sqlite3_reset(st);
-    return n;
+    return n + delta.queued + delta.running;
   }
 
   void insert_result(RequestId id, const Result& r, double t) {
@@ -294,11 +356,17 @@ struct Queue::Impl {
         "INSERT INTO results(request_id, status_code, body, error, finished_at) VALUES(?,?,?,?,?)");
     bind(st, 1, id);
     bind(st, 2, r.status_code);
-    bind(st, 3, r.body);
+    bind_static(st, 3, r.body);
     if (r.error.empty()) sqlite3_bind_null(st, 4);
-    else bind(st, 4, r.error);
+    else bind_static(st, 4, r.error);
     bind(st, 5, t);
-    run(st);
+    try {
+      run(st);
+    } catch (...) {
+      sqlite3_clear_bindings(st);
+      throw;
+    }
+    sqlite3_clear_bindings(st);
   }
 
   RequestId insert_one(const NewRequest& r, double t) {
@@ -342,7 +410,12 @@ struct Queue::Impl {
       raise(rc, "enqueue");
     }
     RequestId id = sqlite3_last_insert_rowid(db);
-    if (reuse) insert_result(id, *reuse, t);
+    if (reuse) {
+      ++delta.done;
+      insert_result(id, *reuse, t);
+    } else {
+      ++delta.queued;
+    }
     return id;
   }
 
@@ -358,10 +431,13 @@ struct Queue::Impl {
     bind(st, 3, t);
     bind(st, 4, id);
     run(st);
+    --delta.running;
     if (out) {
+      ++delta.failed;
       insert_result(id, Result{500, "", "failed after " + std::to_string(attempts) + " attempts; last: " + error}, t);
       return RequestState::failed;
     }
+    ++delta.queued;
     return RequestState::queued;
   }
 
@@ -493,6 +569,11 @@ void Queue::Impl::migrate() {
       exec("PRAGMA user_version = 2");
       version = 2;
     }
+    if (version == 2) {
+      exec(kMigrateV2toV3);
+      exec("PRAGMA user_version = 3");
+      version = 3;
+    }
   });
 }
 
@@ -613,6 +694,8 @@ std::vector<LeasedRequest> Queue::Impl::lease_locked(const std::string& worker_i
     out.push_back({sqlite3_column_int64(st, 0), text(st, 1), text(st, 2), opt_text(st, 3), opt_text(st, 4),
                    sqlite3_column_int64(st, 5), text(st, 6)});
   sqlite3_reset(st);
+  delta.queued -= static_cast<int64_t>(out.size());
+  delta.running += static_cast<int64_t>(out.size());
   std::sort(out.begin(), out.end(), [](const LeasedRequest& x, const LeasedRequest& y) { return x.id < y.id; });
   return out;
 }
@@ -641,6 +724,8 @@ std::vector<RequestId> Queue::Impl::complete_locked(const std::string& worker_id
       mark_done(id, result, t);  // not reached: a held lease matches the UPDATE above
       continue;
     }
+    --delta.running;
+    ++delta.done;
     insert_result(id, result, t);
   }
   return refused;
@@ -660,10 +745,10 @@ std::vector<LeasedRequest> Queue::lease(const std::string& worker_id, int64_t n)
   std::lock_guard lk(impl_->mu);
   Impl& q = *impl_;
   const bool relax = q.opt.sync == Sync::full;
-  if (relax) q.exec("PRAGMA synchronous = NORMAL");
+  if (relax) q.run_cached("PRAGMA synchronous = NORMAL", "PRAGMA synchronous");
   try {
     auto out = q.write([&] { return q.lease_locked(worker_id, n, now_seconds()); });
-    if (relax) q.exec("PRAGMA synchronous = FULL");
+    if (relax) q.run_cached("PRAGMA synchronous = FULL", "PRAGMA synchronous");
     return out;
   } catch (...) {
     if (relax) sqlite3_exec(q.db, "PRAGMA synchronous = FULL", nullptr, nullptr, nullptr);
@@ -676,6 +761,8 @@ void Queue::Impl::mark_done(RequestId id, const Result& result, double t) {
   bind(st, 1, t);
   bind(st, 2, id);
   run(st);
+  --delta.running;  // check_holder saw it running
+  ++delta.done;
   insert_result(id, result, t);
 }
 
@@ -693,6 +780,24 @@ std::vector<RequestId> Queue::complete_many(const std::string& worker_id,
   std::lock_guard lk(impl_->mu);
   Impl& q = *impl_;
   return q.write([&] { return q.complete_locked(worker_id, results, now_seconds()); });
+}
+
+// The acks first, then the lease: a row acked here is done before the lease looks for queued
+// rows, and the lease's reclaim cannot take back a row this call just acked.
+AckAndLease Queue::complete_and_lease(const std::string& worker_id,
+                                      const std::vector<std::pair<RequestId, Result>>& results, int64_t n) {
+  if (n < 0) throw ValueError("queue: complete_and_lease: n must be >= 0, got " + std::to_string(n));
+  if (n > 0) check_lease_args(worker_id, n);
+  if (results.empty()) return {{}, n > 0 ? lease(worker_id, n) : std::vector<LeasedRequest>{}};  // no fsync needed
+  std::lock_guard lk(impl_->mu);
+  Impl& q = *impl_;
+  return q.write([&] {
+    const double t = now_seconds();
+    AckAndLease out;
+    out.refused = q.complete_locked(worker_id, results, t);
+    if (n > 0) out.leased = q.lease_locked(worker_id, n, t);
+    return out;
+  });
 }
 
 RequestState Queue::fail(RequestId id, const std::string& worker_id, const std::string& error) {
@@ -768,12 +873,17 @@ int64_t Queue::cancel_batch(const std::string& batch_id) {
   std::lock_guard lk(impl_->mu);
   Impl& q = *impl_;
   return q.write([&] {
+    // The IN term names requests_batch_pending's condition, so the planner ranges over that index.
     sqlite3_stmt* st = q.stmt(
-        "UPDATE requests SET state = 'cancelled', updated_at = ? WHERE batch_id = ? AND state = 'queued'");
+        "UPDATE requests SET state = 'cancelled', updated_at = ? "
+        "WHERE batch_id = ? AND state IN ('queued','running') AND state = 'queued'");
     q.bind(st, 1, now_seconds());
     q.bind(st, 2, batch_id);
     q.run(st);
-    return static_cast<int64_t>(sqlite3_changes(q.db));
+    const auto n = static_cast<int64_t>(sqlite3_changes(q.db));
+    q.delta.queued -= n;
+    q.delta.cancelled += n;
+    return n;
   });
 }
 

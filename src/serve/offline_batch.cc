@@ -229,6 +229,12 @@ struct Journal {
   virtual ~Journal() = default;
   virtual std::vector<queue::LeasedRequest> lease(int64_t n) = 0;
   virtual void complete(const std::vector<std::pair<queue::RequestId, queue::Result>>& acks) = 0;
+  // complete(acks), then lease(n) (n == 0: none); the queue does both in one transaction.
+  virtual std::vector<queue::LeasedRequest> complete_and_lease(
+      const std::vector<std::pair<queue::RequestId, queue::Result>>& acks, int64_t n) {
+    complete(acks);
+    return n > 0 ? lease(n) : std::vector<queue::LeasedRequest>{};
+  }
   // A failed attempt: true when the row went back to be run again, false when it ended failed.
   virtual bool retry(queue::RequestId id, const std::string& error) = 0;
   virtual bool finished() = 0;  // nothing queued or running
@@ -240,20 +246,27 @@ class QueueJournal final : public Journal {
   QueueJournal(queue::Queue& q, std::string worker_id) : q_(q), worker_(std::move(worker_id)) {}
   std::vector<queue::LeasedRequest> lease(int64_t n) override { return q_.lease(worker_, n); }
   void complete(const std::vector<std::pair<queue::RequestId, queue::Result>>& acks) override {
-    const auto lost = q_.complete_many(worker_, acks);
-    CORELM_CHECK(lost.empty(), Error, "queue ", q_.path(), ": ", lost.size(),
-                 " results refused (their leases were taken by another process while this one held them)");
+    check_refused(q_.complete_many(worker_, acks));
+  }
+  // One commit (one fsync) for the ack group and the refill that follows it.
+  std::vector<queue::LeasedRequest> complete_and_lease(
+      const std::vector<std::pair<queue::RequestId, queue::Result>>& acks, int64_t n) override {
+    queue::AckAndLease got = q_.complete_and_lease(worker_, acks, n);
+    check_refused(got.refused);
+    return std::move(got.leased);
   }
   bool retry(queue::RequestId id, const std::string& error) override {
     return q_.fail(id, worker_, error) == queue::RequestState::queued;
   }
-  bool finished() override {
-    const queue::Counts c = q_.counts(kBatchId);
-    return c.queued == 0 && c.running == 0;
-  }
+  // An index range over the batch's queued and running rows, not a count of all its rows.
+  bool finished() override { return q_.pending_in_batch(kBatchId) == 0; }
   void renew() override { q_.renew(worker_); }
 
  private:
+  void check_refused(const std::vector<queue::RequestId>& lost) const {
+    CORELM_CHECK(lost.empty(), Error, "queue ", q_.path(), ": ", lost.size(),
+                 " results refused (their leases were taken by another process while this one held them)");
+  }
   queue::Queue& q_;
   std::string worker_;
 };
@@ -369,8 +382,15 @@ struct Runner {
           acks.emplace_back(id, std::move(r));
         }
         if (!acks.empty()) {
-          journal.complete(acks);
+          // The refill the loop's top would lease next goes in the ack's transaction.
+          const int64_t want = !drained && in_flight <= o.slots ? window - in_flight : 0;
+          auto leased = journal.complete_and_lease(acks, want);
           sum.run_now += static_cast<int64_t>(acks.size());
+          if (want > 0 && leased.empty()) drained = true;
+          for (auto& r : leased) {
+            ++in_flight;
+            submit(r);
+          }
         }
       }
       if (since(last_renew) > o.lease_seconds / 3) {

@@ -113,17 +113,39 @@ struct QueueWorker::Impl {
     if (acks.empty()) return;
     try {
       q.complete_many(o.worker_id, acks);  // rows whose lease was lost are skipped: dropped silently
-      completed += acks.size();
-      acked_since_trim += acks.size();
-      acks.clear();
-      if (ack_failing) std::fprintf(stderr, "corelm: queue: results are stored again\n");
-      ack_failing = false;
+      stored();
     } catch (const std::exception& e) {
-      // Disk full or a lock held too long: keep the results and retry at the next flush; no
-      // leasing meanwhile, so they cannot pile up.
-      if (!ack_failing) std::fprintf(stderr, "corelm: queue: cannot store %zu results (will retry): %s\n", acks.size(), e.what());
-      ack_failing = true;
+      store_failed(e);
     }
+  }
+
+  // A lease with the pending acks in the same transaction (one commit, one fsync, for both);
+  // a plain lease when none is pending. On a failure the acks are kept for the next flush.
+  std::vector<queue::LeasedRequest> flush_and_lease(int64_t want) {
+    if (acks.empty()) return q.lease(o.worker_id, want);
+    try {
+      queue::AckAndLease got = q.complete_and_lease(o.worker_id, acks, want);
+      stored();
+      return std::move(got.leased);
+    } catch (const std::exception& e) {
+      store_failed(e);
+      return {};
+    }
+  }
+
+  void stored() {
+    completed += acks.size();
+    acked_since_trim += acks.size();
+    acks.clear();
+    if (ack_failing) std::fprintf(stderr, "corelm: queue: results are stored again\n");
+    ack_failing = false;
+  }
+
+  // Disk full or a lock held too long: keep the results and retry at the next flush; no leasing
+  // meanwhile, so they cannot pile up.
+  void store_failed(const std::exception& e) {
+    if (!ack_failing) std::fprintf(stderr, "corelm: queue: cannot store %zu results (will retry): %s\n", acks.size(), e.what());
+    ack_failing = true;
   }
 
   void process(queue::RequestId id, ExecResult r) {
@@ -250,7 +272,8 @@ struct QueueWorker::Impl {
         if (want > 0 && low && !ack_failing && (woken || now >= next_lease) && (!hooks.ready || hooks.ready())) {
           std::vector<queue::LeasedRequest> rows;
           try {
-            rows = q.lease(o.worker_id, want);
+            if (!acks.empty()) last_flush = Clock::now();
+            rows = flush_and_lease(want);
           } catch (const std::exception& e) {
             std::fprintf(stderr, "corelm: queue: cannot lease: %s\n", e.what());
           }
