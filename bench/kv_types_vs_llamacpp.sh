@@ -18,7 +18,8 @@
 # Environment: LLAMA_BIN (dir of llama-perplexity / llama-bench, default build/llama.cpp-0.3.36/bin),
 # OUT (work dir, default build/kv_types_vs_llamacpp), CPU (the core to pin to, 0), PRECISION
 # (corelm weights in quality, bf16), LLAMA_TYPES (q8_0/q8_0 q4_0/q4_0 q8_0/q4_0), CORELM_TYPES
-# (those + turbo4/turbo4 turbo3/turbo3 q8_0/turbo4), SPEED_TYPES (f16 q8_0 q4_0), DEPTHS (0,4096),
+# (those + turbo4/turbo4 turbo3/turbo3 q8_0/turbo4), LLAMA_NOROT_TYPES (q8_0/q8_0 q4_0/q4_0: again
+# with llama.cpp's Hadamard rotation of quantized K/V turned off; empty: none), SPEED_TYPES (f16 q8_0 q4_0), DEPTHS (0,4096),
 # TG (32), PP (0: llama-bench -p 0; corelm --pp 0), REPS (3), PRESET (smollm2-135m).
 # Every run is pinned to one core, one thread; each step logs its UTC time and load average.
 set -euo pipefail
@@ -31,6 +32,7 @@ lbin="${LLAMA_BIN:-$here/build/llama.cpp-0.3.36/bin}"
 out="$(realpath -m "${OUT:-$here/build/kv_types_vs_llamacpp}")"
 only="${ONLY:-quality speed}"
 llama_types="${LLAMA_TYPES:-q8_0/q8_0 q4_0/q4_0 q8_0/q4_0}"
+llama_norot_types="${LLAMA_NOROT_TYPES-q8_0/q8_0 q4_0/q4_0}"
 corelm_types="${CORELM_TYPES:-q8_0/q8_0 q4_0/q4_0 q8_0/q4_0 turbo4/turbo4 turbo3/turbo3 q8_0/turbo4}"
 mkdir -p "$out"
 pin=(); command -v taskset >/dev/null && pin=(taskset -c "${CPU:-0}")
@@ -46,6 +48,15 @@ chunk_args=(); [[ $chunks == all ]] || chunk_args=(--chunks "$chunks")
 # llama-perplexity: one chunk per pass (-b n_ctx) as corelm's --batch 1; flash attention on in every
 # run (quantized V needs it, and the f16 base runs the same kernel path).
 lppl() { "${timed[@]}" "$lbin/llama-perplexity" -m "$model" -f "$text" -c "$ctx" -b "$ctx" "${chunk_args[@]}" -t 1 -fa on "$@"; }
+# llama-perplexity's log goes through an asynchronous logger, and now and then its last lines (the
+# summary) are missing from the file although the run exited 0: run again (twice at most) then.
+lppl_to() { local log="$1"; shift
+  for try in 1 2 3; do
+    lppl "$@" > "$log" 2>&1
+    grep -q -e "^Same top p:" -e "Final estimate: PPL" "$log" && return 0
+    stamp "no summary in $log (try $try), running again"
+  done
+  return 1; }
 cppl() { "${timed[@]}" "$corelm" perplexity --model "$model" --file "$text" --ctx "$ctx" "${chunk_args[@]}" --threads 1 --json "$@"; }
 
 count_tokens() {
@@ -64,7 +75,7 @@ if has ppl; then
   count_tokens
   for p in ${PPL_PRECISIONS:-bf16 f32}; do
     stamp "llama-perplexity f16/f16"
-    lppl -ctk f16 -ctv f16 > "$out/ppl_llama_$p.log" 2>&1
+    lppl_to "$out/ppl_llama_$p.log" -ctk f16 -ctv f16
     stamp "corelm perplexity f16/f16 --precision $p"
     cppl --precision "$p" --cache-type-k f16 --cache-type-v f16 > "$out/ppl_corelm_$p.json" 2> "$out/ppl_corelm_$p.log"
     stamp "done"
@@ -77,11 +88,20 @@ if has quality; then
   count_tokens
   llama_quality() {
     stamp "llama-perplexity f16/f16 (KLD base)"
-    lppl -ctk f16 -ctv f16 --kl-divergence-base "$out/llama_f16.kld" > "$out/llama_f16_f16.log" 2>&1
+    lppl_to "$out/llama_f16_f16.log" -ctk f16 -ctv f16 --kl-divergence-base "$out/llama_f16.kld"
     for t in $llama_types; do
       k="${t%/*}"; v="${t#*/}"
       stamp "llama-perplexity $k/$v --kl-divergence"
-      lppl -ctk "$k" -ctv "$v" --kl-divergence-base "$out/llama_f16.kld" --kl-divergence > "$out/llama_${k}_${v}.log" 2>&1
+      lppl_to "$out/llama_${k}_${v}.log" -ctk "$k" -ctv "$v" --kl-divergence-base "$out/llama_f16.kld" --kl-divergence
+    done
+    # A current llama.cpp rotates K and V with a Walsh-Hadamard matrix when their cache type is
+    # quantized and head_dim is a multiple of 64 (llama-kv-cache.cpp, attn_rot_k/v); these runs turn
+    # it off (LLAMA_ATTN_ROT_DISABLE=1) to show the plain block formats beside corelm's plain ones.
+    for t in $llama_norot_types; do
+      k="${t%/*}"; v="${t#*/}"
+      stamp "llama-perplexity $k/$v --kl-divergence, LLAMA_ATTN_ROT_DISABLE=1"
+      LLAMA_ATTN_ROT_DISABLE=1 lppl_to "$out/llama_${k}_${v}_norot.log" -ctk "$k" -ctv "$v" \
+        --kl-divergence-base "$out/llama_f16.kld" --kl-divergence
     done
   }
   # PARALLEL=1: llama.cpp's runs on core LLAMA_CPU (1) while corelm's run on CPU: the losses do not
@@ -100,7 +120,7 @@ if has quality; then
   python3 "$here/bench/llamacpp_tables.py" ppl "$out" "${PRECISION:-bf16}:llama_f16_f16.log:corelm/f16_f16.json"
   echo
   python3 "$here/bench/llamacpp_tables.py" quality "$out" "$out/llama_f16.kld" "$out/corelm/f16.logp" \
-    f16/f16 $(printf '%s\n' $corelm_types $llama_types | awk '!seen[$0]++')
+    f16/f16 $(printf '%s\n' $corelm_types $llama_types | awk '!seen[$0]++') $(printf '%s+norot\n' $llama_norot_types)
   rm -f "$out/llama_f16.kld" "$out/corelm/f16.logp"
 fi
 

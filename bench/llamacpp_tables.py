@@ -102,6 +102,14 @@ def read_tokens(path, corelm):
 
 
 def quality(out, llama_base, corelm_base, pairs):
+    if os.path.exists(llama_base) and os.path.exists(corelm_base):
+        compare_tokens(llama_base, corelm_base)
+    else:
+        print("Chunk tokens: not compared (a base file is missing).\n")
+    quality_table(out, pairs)
+
+
+def compare_tokens(llama_base, corelm_base):
     lc, ln, lt = read_tokens(llama_base, False)
     cc, cn, ct = read_tokens(corelm_base, True)
     n = min(len(lt), len(ct))
@@ -111,16 +119,20 @@ def quality(out, llama_base, corelm_base, pairs):
           + ("identical token ids" if same else f"DIFFER (first at index {diff})"), file=sys.stderr)
     print(f"Chunk tokens: {'identical in both engines' if same else f'differ at index {diff}'} "
           f"({cn} chunks x {cc} tokens).\n")
+
+
+def quality_table(out, pairs):
     print("| K / V | corelm PPL ± err | corelm KLD ± err | corelm top-1 | llama.cpp PPL ± err | llama.cpp KLD ± err "
           "| llama.cpp top-1 | KLD ratio corelm / llama.cpp |")
     print("|---|---|---|---|---|---|---|---|")
     for pair in pairs:
+        pair, _, variant = pair.partition("+")  # K/V+norot: llama.cpp with its K/V rotation off
         k, v = pair.split("/")
-        cp = f"{out}/corelm/{k}_{v}.json"
-        lp = f"{out}/llama_{k}_{v}.log"
+        cp = f"{out}/corelm/{k}_{v}.json" if not variant else "-"
+        lp = f"{out}/llama_{k}_{v}{'_' + variant if variant else ''}.log"
         c = corelm_run(cp) if os.path.exists(cp) else None
         lr = llama_run(lp) if os.path.exists(lp) else None
-        row = [f"{k} / {v}"]
+        row = [f"{k} / {v}" + (" (llama.cpp rotation off)" if variant == "norot" else "")]
         ck = c.get("kld") if c else None
         if c:
             row += [f"{c['ppl']:.4f} ± {c['ppl_stderr']:.4f}",
@@ -128,6 +140,9 @@ def quality(out, llama_base, corelm_base, pairs):
                     f"{ck['same_top_pct']:.2f}%" if ck else "-"]
         else:
             row += ["-", "-", "-"]
+            if variant:  # the same type's corelm row is above: repeat it for the ratio
+                c = corelm_run(f"{out}/corelm/{k}_{v}.json") if os.path.exists(f"{out}/corelm/{k}_{v}.json") else None
+                ck = c.get("kld") if c else None
         if lr:
             row += [f"{lr['ppl']:.4f} ± {lr['ppl_stderr']:.4f}",
                     f"{lr['kld']:.6f} ± {lr['kld_stderr']:.1e}" if "kld" in lr else "(base)",
@@ -135,7 +150,7 @@ def quality(out, llama_base, corelm_base, pairs):
         else:
             row += ["(no such type)", "-", "-"]
         row.append(f"{ck['mean_kld'] / lr['kld']:.2f}" if ck and lr and lr.get("kld") else "-")
-        print(json.dumps({"pair": pair, "corelm": c and {x: c.get(x) for x in ("ppl", "ppl_stderr", "kld", "seconds")},
+        print(json.dumps({"pair": pair + (f"+{variant}" if variant else ""), "corelm": c and {x: c.get(x) for x in ("ppl", "ppl_stderr", "kld", "seconds")},
                           "llama": lr}), file=sys.stderr)
         print("| " + " | ".join(row) + " |")
 
