@@ -76,12 +76,12 @@ def ppl(out, runs):
         c = corelm_run(f"{out}/{cjson}")
         n_tok = c["chunks"] * c["ctx"]  # tokens each engine evaluates
         sigma = math.hypot(lr["ppl_stderr"], c["ppl_stderr"])
-        for name, r, w in (("llama.cpp", lr, "Q4_1 (native)"), ("corelm", c, f"{p} (Q4_1 dequantized)")):
+        for name, r in (("llama.cpp", lr), ("corelm", c)):
             print(json.dumps({"engine": name, "precision": p} | r), file=sys.stderr)
-        print(f"| llama-perplexity | Q4_1 (native) | f16 | {lr['chunks']} ({lr['chunks'] * (c['ctx'] - 1 - c['ctx'] // 2):,}) "
+        print(f"| llama-perplexity | the GGUF's (native) | f16 | {lr['chunks']} ({lr['chunks'] * (c['ctx'] - 1 - c['ctx'] // 2):,}) "
               f"| {tokens} (llama-cpp-python 0.3.2 tokenizer) | {lr['ppl']:.4f} ± {lr['ppl_stderr']:.4f} | - "
               f"| {lr['wall_s']:.0f} | {lr['cpu_s']:.1f} | {n_tok / lr['cpu_s']:.1f} | - |")
-        print(f"| corelm perplexity | {p} (from Q4_1) | f16 | {c['chunks']} ({c['scored']:,}) | {c['tokens']:,} "
+        print(f"| corelm perplexity | {p} (GGUF dequantized) | f16 | {c['chunks']} ({c['scored']:,}) | {c['tokens']:,} "
               f"| {c['ppl']:.4f} ± {c['ppl_stderr']:.4f} | {c['ppl'] - lr['ppl']:+.4f} ({(c['ppl'] - lr['ppl']) / sigma:+.2f} σ) "
               f"| {c['wall_s']:.0f} | {c['cpu_s']:.1f} | {n_tok / c['cpu_s']:.1f} | {c['cpu_s'] / lr['cpu_s']:.2f} |")
 
@@ -156,7 +156,7 @@ def quality_table(out, pairs):
 
 
 def speed(out, types):
-    print("| K / V | test | llama.cpp tok/s ± sd (Q4_1 GGUF) | corelm tok/s ± sd (bf16, random weights) "
+    print("| K / V | test | llama.cpp tok/s ± sd (the GGUF) | corelm tok/s ± sd (bf16, random weights) "
           "| corelm / llama.cpp | corelm KV bytes |")
     print("|---|---|---|---|---|---|")
     for t in types:
