@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "corelm/queue.h"
+#include "queue/kill_worker.h"
 #include "queue/queue_dir_fixture.h"
 
 namespace fs = std::filesystem;
@@ -609,49 +610,17 @@ TEST_F(QueueTest, KillNineMidLoopLosesAndDuplicatesNothing) {
   }
   std::mt19937 rng(std::random_device{}());
   for (int round = 0; round < 3; ++round) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(fds[0]);
-      try {
-        Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 3600});
-        for (;;) {
-          auto got = q.lease("victim", 3);
-          if (got.empty()) break;
-          for (const auto& r : got) {
-            q.complete(r.id, "victim", Result{200, "{\"id\":" + std::to_string(r.id) + "}", ""});
-            std::string line = std::to_string(r.id) + "\n";  // reported only once complete() returned
-            if (::write(fds[1], line.data(), line.size()) < 0) _exit(3);
-          }
+    const std::string reported = run_and_kill_worker(rng, [&](int report) {
+      Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 3600});
+      for (auto got = q.lease("victim", 3); !got.empty(); got = q.lease("victim", 3))
+        for (const auto& r : got) {
+          q.complete(r.id, "victim", Result{200, killed_worker_body(r.id), ""});
+          report_done(report, r.id);  // reported only once complete() returned
         }
-      } catch (...) {
-        _exit(2);
-      }
-      _exit(0);
-    }
-    ::close(fds[1]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(20, 120)(rng)));
-    ::kill(pid, SIGKILL);
-    wait_child(pid);
-    std::string reported;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(fds[0], buf, sizeof buf)) > 0) reported.append(buf, static_cast<size_t>(n));
-    ::close(fds[0]);
-
+    });
     EXPECT_EQ(sql_scalar(path_, "PRAGMA integrity_check"), "ok");
     Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 3600});
-    std::istringstream in(reported);
-    int64_t id;
-    while (in >> id) {
-      auto info = q.get(id);
-      ASSERT_TRUE(info.has_value());
-      EXPECT_EQ(info->state, RequestState::done) << "reported request " << id;
-      ASSERT_TRUE(info->result.has_value());
-      EXPECT_EQ(info->result->body, "{\"id\":" + std::to_string(id) + "}");
-    }
+    expect_reported_done(q, reported);
     q.reclaim();  // the victim's in-flight leases come back at once
     Counts c = q.counts();
     EXPECT_EQ(c.running, 0);

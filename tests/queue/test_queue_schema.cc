@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "corelm/queue.h"
+#include "queue/kill_worker.h"
 #include "queue/queue_dir_fixture.h"
 
 using namespace corelm::queue;
@@ -309,55 +310,24 @@ TEST_F(QueueSchemaTest, KillNineDuringCompleteAndLeaseLosesAndDuplicatesNothing)
     for (int i = 0; i < N; ++i) reqs.push_back({"m", body_of(i)});
     q.enqueue_many(reqs);
   }
-  auto result_of = [](RequestId id) { return Result{200, "{\"id\":" + std::to_string(id) + "}", ""}; };
+  auto result_of = [](RequestId id) { return Result{200, killed_worker_body(id), ""}; };
   std::mt19937 rng(std::random_device{}());
   for (int round = 0; round < 3; ++round) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(fds[0]);
-      try {
-        Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 3600});
-        auto held = q.lease("victim", 4);
-        while (!held.empty()) {
-          std::vector<std::pair<RequestId, Result>> acks;
-          for (const auto& r : held) acks.push_back({r.id, result_of(r.id)});
-          AckAndLease got = q.complete_and_lease("victim", acks, 4);
-          if (!got.refused.empty()) _exit(4);
-          std::string lines;  // reported only once complete_and_lease returned
-          for (const auto& a : acks) lines += std::to_string(a.first) + "\n";
-          if (::write(fds[1], lines.data(), lines.size()) < 0) _exit(3);
-          held = std::move(got.leased);
-        }
-      } catch (...) {
-        _exit(2);
+    const std::string reported = run_and_kill_worker(rng, [&](int report) {
+      Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 3600});
+      auto held = q.lease("victim", 4);
+      while (!held.empty()) {
+        std::vector<std::pair<RequestId, Result>> acks;
+        for (const auto& r : held) acks.push_back({r.id, result_of(r.id)});
+        AckAndLease got = q.complete_and_lease("victim", acks, 4);
+        if (!got.refused.empty()) _exit(4);
+        for (const auto& a : acks) report_done(report, a.first);  // only once complete_and_lease returned
+        held = std::move(got.leased);
       }
-      _exit(0);
-    }
-    ::close(fds[1]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(20, 120)(rng)));
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << "the worker failed: " << WEXITSTATUS(status);
-    std::string reported;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(fds[0], buf, sizeof buf)) > 0) reported.append(buf, static_cast<size_t>(n));
-    ::close(fds[0]);
-
+    });
     EXPECT_EQ(sql_scalar(path_, "PRAGMA integrity_check"), "ok");
     Queue q = Queue::open(path_, QueueOptions{.lease_seconds = 3600});
-    std::istringstream in(reported);
-    int64_t id;
-    while (in >> id) {
-      auto info = q.get(id);
-      ASSERT_TRUE(info && info->result);
-      EXPECT_EQ(info->state, RequestState::done) << "reported request " << id;
-      EXPECT_EQ(info->result->body, result_of(id).body);
-    }
+    expect_reported_done(q, reported);
     q.reclaim();  // the victim's leases come back at once (its pid is gone)
     expect_counts_match_rows(q, path_, "after kill -9 round " + std::to_string(round));
     Counts c = q.counts();
