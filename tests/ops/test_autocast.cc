@@ -234,7 +234,7 @@ TEST(Autocast, Bf16RowsAreBatchInvariant) {
 
 TEST(Autocast, Bf16KernelChoiceIsNamedAndSettable) {
   const std::string chosen = ops::bf16_gemm_kernel();
-  EXPECT_TRUE(chosen == "rounded" || chosen == "dpbf16") << chosen;
+  EXPECT_TRUE(chosen == "rounded" || chosen == "dpbf16" || chosen == "amx") << chosen;
   {
     ScopedBf16Kernel use("rounded");
     EXPECT_EQ(ops::bf16_gemm_kernel(), "rounded");
