@@ -25,6 +25,8 @@
 #include "corelm/error.h"
 #include "corelm/isa.h"
 #include "corelm/model.h"
+#include "corelm/model_loader.h"
+#include "corelm/utf8.h"
 #include "corelm/thread_pool.h"
 #include "corelm/autocast.h"
 #include "corelm/train.h"
@@ -35,6 +37,9 @@ namespace {
 
 struct BenchModelArgs {
   std::string preset = "tiny", precision = "bf16", train_compute_dtype = "f32";
+  // A model file or directory (GGUF, HF directory, safetensors, llama2.c) whose weights are measured
+  // instead of a preset's random ones: the same weights another engine's bench reads.
+  std::string model_path;
   int threads = 1;
   bool json = false, grid = false, no_train = false, pin_threads = false;
   std::vector<std::string> only;  // empty: every figure
@@ -251,23 +256,45 @@ void run(const BenchModelArgs& a) {
   CORELM_CHECK(a.threads >= 1, ValueError, "bench model: --threads must be >= 1");
   if (a.pin_threads) set_pin_threads(true);  // before the workers start, so each starts pinned
   set_num_threads(a.threads);
-  model::ModelConfig config = model::ModelConfig::preset(a.preset);
-  if (a.matrix) {
-    // Random weights have no trained context: RoPE runs at any position, so the matrix's deepest
-    // test sets the context when it is above the preset's.
-    int64_t need = 0;
+  // The matrix's deepest test (depth + tokens); 0 without the matrix.
+  int64_t need = 0;
+  if (a.matrix)
     for (int64_t depth : a.depth)
       for (const auto* list : {&a.pp, &a.tg})
         for (int64_t n : *list) need = std::max(need, depth + n);
-    config.max_position_embeddings = std::max(config.max_position_embeddings, need);
+  std::optional<model::Checkpoint> checkpoint;
+  int64_t trained_context = -1;  // the file's own context when the matrix extends it
+  if (!a.model_path.empty()) {
+    model::LoadOptions load_options;
+    load_options.require_tokenizer = false;  // the bench feeds random token ids
+    checkpoint.emplace(model::load_model(a.model_path, load_options));
+    for (const auto& w : checkpoint->warnings)  // a missing tokenizer does not matter here
+      if (w.find("no tokenizer") == std::string::npos) std::fprintf(stderr, "corelm: warning: %s\n", w.c_str());
+  }
+  model::ModelConfig config = checkpoint ? checkpoint->model.decoder.config() : model::ModelConfig::preset(a.preset);
+  // RoPE runs at any position, so (as llama-bench's -d does) the matrix's deepest test sets the
+  // context when it is above the model's; a file's own context is reported beside it.
+  if (need > config.max_position_embeddings) {
+    if (checkpoint) trained_context = config.max_position_embeddings;
+    config.max_position_embeddings = need;
   }
   model::Decoder d(config);
   d.set_kv_cache_types({model::parse_kv_cache_type(a.cache_type_k), model::parse_kv_cache_type(a.cache_type_v)});
   {
-    // Random weights rounded to bf16, so the f32 and bf16 paths see the same model.
     autograd::NoGradGuard no_grad;
-    d.init_weights(a.seed);
-    for (const auto& [name, t] : d.named_parameters()) const_cast<Tensor&>(t).copy_(t.to(DType::BF16));
+    if (checkpoint) {
+      // The file's parameters (f32 as loaded), copied into the decoder sized for the matrix.
+      const auto& loaded = checkpoint->model.decoder.named_parameters();
+      const auto& mine = d.named_parameters();
+      CORELM_CHECK(loaded.size() == mine.size(), ValueError, "bench model: ", a.model_path,
+                   ": parameter count differs from its config's");
+      for (size_t i = 0; i < mine.size(); ++i) const_cast<Tensor&>(mine[i].second).copy_(loaded[i].second);
+      checkpoint.reset();  // free the loaded copy before measuring
+    } else {
+      // Random weights rounded to bf16, so the f32 and bf16 paths see the same model.
+      d.init_weights(a.seed);
+      for (const auto& [name, t] : d.named_parameters()) const_cast<Tensor&>(t).copy_(t.to(DType::BF16));
+    }
   }
   const model::Precision precision = model::parse_precision(a.precision);
   d.prepare_inference(precision);
@@ -290,7 +317,9 @@ void run(const BenchModelArgs& a) {
   };
 
   const double flops_per_token = 2.0 * static_cast<double>(config.num_parameters(false));
-  nlohmann::ordered_json r{{"preset", a.preset},
+  nlohmann::ordered_json r{{"preset", a.model_path.empty() ? nlohmann::ordered_json(a.preset) : nlohmann::ordered_json()},
+                           {"model", a.model_path.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(escape_invalid_utf8(a.model_path))},
+                           {"trained_context", trained_context < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(trained_context)},
                            {"isa", isa_name(active_isa())},
                            {"threads", a.threads},
                            {"pin_threads", pin_threads()},
@@ -338,7 +367,8 @@ void run(const BenchModelArgs& a) {
     std::cout << r.dump() << "\n";
     return;
   }
-  std::printf("model %s (%lld params), %s, isa %s, %d thread(s)\n", a.preset.c_str(),
+  std::printf("model %s (%lld params), %s, isa %s, %d thread(s)\n",
+              a.model_path.empty() ? a.preset.c_str() : a.model_path.c_str(),
               static_cast<long long>(config.num_parameters(true)), model::precision_name(precision),
               isa_name(active_isa()), a.threads);
   if (bf16_trained) std::printf("training products in bf16 on the %s kernel\n", bf16_kernel.c_str());
@@ -375,6 +405,9 @@ RegisterCommand reg([](CLI::App& root) {
   CLI::App& bench = subcommand_group(root, "bench", "Benchmarks (JSON with --json)");
   CLI::App* c = bench.add_subcommand("model", "Model tokens/s on random weights: scoring, decode, training, grid");
   c->add_option("--preset", a->preset, "model shape: tiny, small, smollm2-135m, hybrid")->capture_default_str();
+  c->add_option("--model", a->model_path,
+                 "measure this model file or directory (GGUF, HF dir, safetensors, llama2.c) instead of a preset's "
+                 "random weights; no training figures");
   c->add_option("--threads", a->threads, "compute threads")->capture_default_str();
   c->add_option("--precision", a->precision,
                 "bf16 (fast path, default), int8 (fast path, int8 weights+activations) or f32 (reference)")
@@ -418,6 +451,13 @@ RegisterCommand reg([](CLI::App& root) {
     if (pp->count() || tg->count() || batch->count() || depth->count()) a->grid = true;
     // The matrix replaces the headline figures unless --only names some.
     if (a->matrix && a->only.empty()) a->no_headline = true;
+    if (!a->model_path.empty()) {
+      // Training figures build a fresh model of the shape: they measure a preset, not a file.
+      for (const auto& f : a->only)
+        CORELM_CHECK(f != "train" && f != "train_sampled", ValueError,
+                     "bench model: --only ", f, " measures a preset's training; it does not take --model");
+      a->no_train = true;
+    }
     run(*a);
   });
 });

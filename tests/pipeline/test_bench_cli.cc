@@ -150,6 +150,57 @@ TEST_F(BenchCli, ModelMatrixRunsTheHybridAtDepthsBeyondItsWindow) {
   EXPECT_EQ(j.at("kv_budget").at("fixed_bytes").get<int64_t>(), fixed);
 }
 
+// The matrix over a model file's own weights (issue 18: the same weights llama-bench reads): the
+// file's config is measured, a depth beyond its context extends it (reported as trained_context),
+// decode runs, and the training figures, which build a preset, are refused with --model.
+TEST_F(BenchCli, ModelMatrixMeasuresAModelFile) {
+  model::ModelConfig c;
+  c.vocab_size = 300;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 32;  // q8_0 blocks are 32 values
+  c.max_position_embeddings = 64;
+  model::Decoder d(c);
+  d.init_weights(5);
+  const std::string model_dir = (dir_ / "model").string();
+  model::save_model_dir(model_dir, d);
+  std::string out;
+  ASSERT_EQ(run({"bench", "model", "--model", model_dir, "--pp", "8", "--tg", "2", "--depth", "0,100",
+                 "--repetitions", "1", "--cache-type-k", "q8_0", "--cache-type-v", "f16", "--json"},
+                out),
+            0)
+      << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("model"), model_dir);
+  EXPECT_TRUE(j.at("preset").is_null());
+  EXPECT_EQ(j.at("trained_context"), 64);
+  EXPECT_EQ(j.at("config").at("hidden_size"), 32);
+  EXPECT_EQ(j.at("config").at("vocab_size"), 300);
+  EXPECT_EQ(j.at("config").at("max_position_embeddings"), 108);
+  EXPECT_TRUE(j.at("train_tok_s").is_null());
+  std::vector<std::string> names;
+  for (const auto& t : j.at("tests")) {
+    names.push_back(t.at("test"));
+    EXPECT_GT(t.at("avg_ts").get<double>(), 0.0) << t;
+    EXPECT_EQ(t.at("type_k"), "q8_0");
+    EXPECT_EQ(t.at("type_v"), "f16");
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"pp8", "tg2", "pp8 @ d100", "tg2 @ d100"}));
+
+  // Within the file's context nothing is extended.
+  ASSERT_EQ(run({"bench", "model", "--model", model_dir, "--pp", "8", "--tg", "0", "-r", "1", "--json"}, out), 0)
+      << out;
+  EXPECT_TRUE(nlohmann::json::parse(out).at("trained_context").is_null());
+
+  EXPECT_NE(run({"bench", "model", "--model", model_dir, "--only", "train"}, out), 0);
+  EXPECT_NE(out.find("--model"), std::string::npos) << out;
+  EXPECT_NE(run({"bench", "model", "--model", (dir_ / "missing").string(), "--pp", "8", "-r", "1"}, out), 0);
+  EXPECT_NE(out.find("missing"), std::string::npos) << out;
+}
+
 TEST_F(BenchCli, GemmReportsEveryKernelAndPeak) {
   std::string out;
   ASSERT_EQ(run({"bench", "gemm", "--shapes", "8,64,96", "--seconds", "0.02", "--json"}, out), 0) << out;
