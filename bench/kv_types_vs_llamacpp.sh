@@ -14,13 +14,16 @@
 #            llama.cpp (LLAMA_TYPES) and corelm (CORELM_TYPES, through bench/kv_types_quality.sh),
 #            side by side with the ratio corelm KLD / llama.cpp KLD.
 #   speed    decode tok/s per KV type (SPEED_TYPES) at DEPTHS: llama-bench on the GGUF against
-#            `corelm bench model --preset PRESET` (random weights of the same shape, bf16), interleaved.
+#            `corelm bench model --model GGUF` (the same weights, run at each of SPEED_PRECISIONS:
+#            bf16 q4), interleaved; PRESET=NAME measures random weights of a preset's shape instead.
 # Environment: LLAMA_BIN (dir of llama-perplexity / llama-bench, default build/llama.cpp-0.3.36/bin),
 # OUT (work dir, default build/kv_types_vs_llamacpp), CPU (the core to pin to, 0), PRECISION
 # (corelm weights in quality, bf16), LLAMA_TYPES (q8_0/q8_0 q4_0/q4_0 q8_0/q4_0), CORELM_TYPES
 # (those + turbo4/turbo4 turbo3/turbo3 q8_0/turbo4), LLAMA_NOROT_TYPES (q8_0/q8_0 q4_0/q4_0: again
 # with llama.cpp's Hadamard rotation of quantized K/V turned off; empty: none), SPEED_TYPES (f16 q8_0 q4_0), DEPTHS (0,4096),
-# TG (32), PP (0: llama-bench -p 0; corelm --pp 0), REPS (3), PRESET (smollm2-135m).
+# TG (32), PP (0: llama-bench -p 0; corelm --pp 0), REPS (3), SPEED_PRECISIONS (bf16 q4), PRESET (unset),
+# LLAMA_SPEED_ARGS (extra llama-bench flags, e.g. "-ub 1 -b 1": fill the depth one token per batch,
+# which avoids llama.cpp 0c1e570's AMX matmul crash at batch > 1 on some AMX guests).
 # Every run is pinned to one core, one thread; each step logs its UTC time and load average.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -130,12 +133,17 @@ if has speed; then
     k="${t%/*}"; v="${t#*/}"
     stamp "llama-bench $k/$v"
     "${pin[@]}" "$lbin/llama-bench" -m "$model" -t 1 -p "$pp" -n "$tg" -d "$depths" -ctk "$k" -ctv "$v" -fa 1 \
-      -r "$reps" -o json > "$out/speed_llama_${k}_${v}.json" 2> "$out/speed_llama_${k}_${v}.log"
-    stamp "corelm bench model $k/$v"
-    "${pin[@]}" "$corelm" bench model --preset "${PRESET:-smollm2-135m}" --threads 1 --matrix --pp "$pp" --tg "$tg" \
-      --depth "$depths" --cache-type-k "$k" --cache-type-v "$v" --repetitions "$reps" --json \
-      > "$out/speed_corelm_${k}_${v}.json" 2> "$out/speed_corelm_${k}_${v}.log"
+      -r "$reps" ${LLAMA_SPEED_ARGS:-} -o json > "$out/speed_llama_${k}_${v}.json" 2> "$out/speed_llama_${k}_${v}.log"
+    # corelm on the same file's weights (`bench model --model`), once per weight precision; or
+    # PRESET=NAME for random weights of a preset's shape (the older comparison).
+    for prec in ${SPEED_PRECISIONS:-bf16 q4}; do
+      stamp "corelm bench model $k/$v --precision $prec"
+      weights=(--model "$model"); [[ -n ${PRESET:-} ]] && weights=(--preset "$PRESET")
+      "${pin[@]}" "$corelm" bench model "${weights[@]}" --precision "$prec" --threads 1 --matrix --pp "$pp" \
+        --tg "$tg" --depth "$depths" --cache-type-k "$k" --cache-type-v "$v" --repetitions "$reps" --json \
+        > "$out/speed_corelm_${k}_${v}_$prec.json" 2> "$out/speed_corelm_${k}_${v}_$prec.log"
+    done
   done
   stamp "done"
-  python3 "$here/bench/llamacpp_tables.py" speed "$out" ${SPEED_TYPES:-f16 q8_0 q4_0}
+  SPEED_PRECISIONS="${SPEED_PRECISIONS:-bf16 q4}" python3 "$here/bench/llamacpp_tables.py" speed "$out" ${SPEED_TYPES:-f16 q8_0 q4_0}
 fi

@@ -156,25 +156,29 @@ def quality_table(out, pairs):
 
 
 def speed(out, types):
-    print("| K / V | test | llama.cpp tok/s ± sd (the GGUF) | corelm tok/s ± sd (bf16, random weights) "
-          "| corelm / llama.cpp | corelm KV bytes |")
-    print("|---|---|---|---|---|---|")
+    precs = os.environ.get("SPEED_PRECISIONS", "bf16 q4").split()
+    head = " | ".join(f"corelm {p} tok/s ± sd | {p} / llama.cpp" for p in precs)
+    print(f"| K / V | test | llama.cpp tok/s ± sd (the GGUF) | {head} | corelm KV bytes |")
+    print("|---|---|---|" + "---|---|" * len(precs) + "---|")
     for t in types:
         k, v = (t.split("/") + [t])[:2]
         lj = json.load(open(f"{out}/speed_llama_{k}_{v}.json"))
-        cj = json.load(open(f"{out}/speed_corelm_{k}_{v}.json"))
-        ctests = {(x["n_gen"], x["n_prompt"], x["n_depth"]): x for x in cj["tests"]}
+        cjs = {p: json.load(open(f"{out}/speed_corelm_{k}_{v}_{p}.json")) for p in precs}
+        ctests = {p: {(x["n_gen"], x["n_prompt"], x["n_depth"]): x for x in cj["tests"]} for p, cj in cjs.items()}
         for lt in lj:
             key = (lt["n_gen"], lt["n_prompt"], lt["n_depth"])
             name = (f"tg{lt['n_gen']}" if lt["n_gen"] else f"pp{lt['n_prompt']}") + (f" @ d{lt['n_depth']}" if lt["n_depth"] else "")
-            ct = ctests.get(key)
-            print(json.dumps({"pair": f"{k}/{v}", "test": name, "llama_ts": lt["avg_ts"], "llama_sd": lt["stddev_ts"],
-                              "llama_build": lt.get("build_commit"), "corelm_ts": ct and ct["avg_ts"],
-                              "corelm_sd": ct and ct["stddev_ts"]}), file=sys.stderr)
-            cs = f"{ct['avg_ts']:.1f} ± {ct['stddev_ts']:.1f}" if ct else "-"
-            ratio = f"{ct['avg_ts'] / lt['avg_ts']:.2f}" if ct else "-"
-            kvb = f"{ct['kv_bytes']:,}" if ct else "-"
-            print(f"| {k} / {v} | {name} | {lt['avg_ts']:.1f} ± {lt['stddev_ts']:.1f} | {cs} | {ratio} | {kvb} |")
+            cells, kvb = [], "-"
+            for p in precs:
+                ct = ctests[p].get(key)
+                print(json.dumps({"pair": f"{k}/{v}", "test": name, "precision": p, "llama_ts": lt["avg_ts"],
+                                  "llama_sd": lt["stddev_ts"], "llama_build": lt.get("build_commit"),
+                                  "corelm_ts": ct and ct["avg_ts"], "corelm_sd": ct and ct["stddev_ts"]}), file=sys.stderr)
+                cells.append(f"{ct['avg_ts']:.1f} ± {ct['stddev_ts']:.1f}" if ct else "-")
+                cells.append(f"{ct['avg_ts'] / lt['avg_ts']:.2f}" if ct else "-")
+                if ct:
+                    kvb = f"{ct['kv_bytes']:,}"
+            print(f"| {k} / {v} | {name} | {lt['avg_ts']:.1f} ± {lt['stddev_ts']:.1f} | {' | '.join(cells)} | {kvb} |")
 
 
 if __name__ == "__main__":
