@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/model_factories.h"
 #include "corelm/isa.h"
 #include "pipeline_fixture.h"
 
@@ -154,15 +155,8 @@ TEST_F(BenchCli, ModelMatrixRunsTheHybridAtDepthsBeyondItsWindow) {
 // file's config is measured, a depth beyond its context extends it (reported as trained_context),
 // decode runs, and the training figures, which build a preset, are refused with --model.
 TEST_F(BenchCli, ModelMatrixMeasuresAModelFile) {
-  model::ModelConfig c;
-  c.vocab_size = 300;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 32;  // q8_0 blocks are 32 values
-  c.max_position_embeddings = 64;
+  const model::ModelConfig c = small_decoder_config(false, 0.02);  // head_dim 32: one q8_0 block
+  ASSERT_LT(c.max_position_embeddings, 100);
   model::Decoder d(c);
   d.init_weights(5);
   const std::string model_dir = (dir_ / "model").string();
@@ -176,9 +170,9 @@ TEST_F(BenchCli, ModelMatrixMeasuresAModelFile) {
   const auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j.at("model"), model_dir);
   EXPECT_TRUE(j.at("preset").is_null());
-  EXPECT_EQ(j.at("trained_context"), 64);
-  EXPECT_EQ(j.at("config").at("hidden_size"), 32);
-  EXPECT_EQ(j.at("config").at("vocab_size"), 300);
+  EXPECT_EQ(j.at("trained_context"), c.max_position_embeddings);
+  EXPECT_EQ(j.at("config").at("hidden_size"), c.hidden_size);
+  EXPECT_EQ(j.at("config").at("vocab_size"), c.vocab_size);
   EXPECT_EQ(j.at("config").at("max_position_embeddings"), 108);
   EXPECT_TRUE(j.at("train_tok_s").is_null());
   std::vector<std::string> names;
