@@ -167,7 +167,7 @@ def path(sec, tok):
             "queue_us_per_request": round((sec - base_s) / n * 1e6, 1)}
 # CPU seconds (user + sys) of the process: what the queue's work costs on the one core, much less
 # disturbed by the other load of a shared machine than wall time (fsync waits are not CPU: they
-# overlap with decoding, up to 2 x slots rows being in flight).
+# overlap with decoding, up to slots + max(slots, 64) rows being in flight).
 def cpu(pattern):
     return min(sum(json.load(open(f)).values()) for f in glob.glob(f"{d}/{pattern}"))
 cpus = {m: cpu(f"rb_{m}_cpu.*.json") for m in ("full", "normal", "direct")}

@@ -51,7 +51,9 @@ struct QueueOptions {
   int64_t max_attempts = 3;          // leases of one request before it fails with an error result
   int64_t busy_timeout_ms = 10'000;  // wait this long for another process's write lock
   Sync sync = Sync::full;
-  bool dedup = true;                 // an identical model + body already done reuses its result
+  // An identical model + body + endpoint already done reuses its result. Off: no lookup, and the
+  // rows this queue enqueues are no dedup source for anyone (schema v4: no index entry at ack).
+  bool dedup = true;
   int64_t max_db_bytes = 0;          // cap on the database file (0: none); beyond -> StorageFullError
 };
 
@@ -158,7 +160,7 @@ std::string queue_path(const std::string& state_dir);
 // The schema v1 DDL (what corelm wrote before the endpoint column): tests build a v1 file with it
 // to check the migration that open() applies in place.
 const char* schema_v1_sql();
-// The DDL that takes a file from version - 1 to `version` (2 or 3; nullptr otherwise): with
+// The DDL that takes a file from version - 1 to `version` (2, 3 or 4; nullptr otherwise): with
 // schema_v1_sql(), tests build a file of any older version exactly as that corelm left it.
 const char* schema_migration_sql(int64_t version);
 
@@ -179,7 +181,7 @@ class Queue {
   Queue& operator=(Queue&&) noexcept;
   ~Queue();
 
-  static constexpr int64_t kSchemaVersion = 3;
+  static constexpr int64_t kSchemaVersion = 4;
   int64_t schema_version() const;
   const std::string& path() const;
 

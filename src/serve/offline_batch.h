@@ -22,7 +22,7 @@ struct OfflineBatchOptions {
   std::string model;   // model path (any format load_model reads); its id is model_id_for_path(model)
   std::string input;   // the batch input file (JSONL)
   std::string out;     // output folder: queue.sqlite, batch.json, output.jsonl, errors.jsonl
-  int64_t slots = 8;   // scheduler slots; up to 2 * slots rows are leased at a time
+  int64_t slots = 8;   // scheduler slots; up to slots + max(slots, 64) rows are leased at a time
   // --shard i/N: this process runs the i-th of N contiguous blocks of the (whole, validated)
   // input, so N machines (a SLURM array) split one file and their output.jsonl concatenate in
   // shard order to the input order.

@@ -97,8 +97,8 @@ const char* kAllRows =
 }  // namespace
 
 // A file as the v2 code left it (v1 DDL + the v1 -> v2 migration, rows written through v2's
-// triggers) with rows in every state, a live lease among them, opens as v3: every column of every
-// row and result is unchanged, the counts are the rows', the indexes and triggers are v3's, and
+// triggers) with rows in every state, a live lease among them, opens as v3 and then v4: every
+// column of every row and result is unchanged, the counts are the rows', the indexes and triggers are the current ones, and
 // the rows keep working (the live lease is completed by its holder, queued rows are leased,
 // cancel and pending_in_batch see the batch).
 TEST_F(QueueSchemaTest, V2FileWithRowsInEveryStateMigratesToV3AndKeepsThem) {
@@ -130,12 +130,12 @@ TEST_F(QueueSchemaTest, V2FileWithRowsInEveryStateMigratesToV3AndKeepsThem) {
   ASSERT_EQ(before.size(), 7u);
 
   Queue q = Queue::open(path_);
-  EXPECT_EQ(q.schema_version(), 3);
-  EXPECT_EQ(sql_scalar(path_, "PRAGMA user_version"), "3");
+  EXPECT_EQ(q.schema_version(), Queue::kSchemaVersion);
+  EXPECT_EQ(sql_scalar(path_, "PRAGMA user_version"), std::to_string(Queue::kSchemaVersion));
   EXPECT_EQ(sql_rows(path_, kAllRows), before);  // every column of every row and result
   expect_counts_match_rows(q, path_, "after the migration");
   EXPECT_EQ(sql_scalar(path_, "PRAGMA integrity_check"), "ok");
-  // v3's indexes and triggers, and nothing of v2's that follows the state.
+  // The current indexes and triggers, and nothing of v2's that follows the state.
   EXPECT_EQ(sql_scalar(path_, "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_schema "
                               "WHERE tbl_name = 'requests' AND type IN ('index','trigger') AND sql IS NOT NULL "
                               "ORDER BY name)"),
@@ -170,7 +170,129 @@ TEST_F(QueueSchemaTest, V2FileWithRowsInEveryStateMigratesToV3AndKeepsThem) {
   EXPECT_EQ(q.get(2)->result->body, "{\"text\":\"two\"}");
 }
 
-// v1 -> v2 -> v3 in one open, and a v3 file reopened migrates nothing.
+// A file as the v3 code left it (v1 DDL + the v1 -> v2 and v2 -> v3 migrations; v3 counts its
+// rows in the statements, so the state counts are written with the rows here) with rows in every
+// state opens as v4 and drains: every column of every row and result is unchanged, every row is
+// a dedup source (the new `dedup` column is 1), the done-hash and batch-pending indexes are v4's,
+// the live lease is still its holder's, a dead worker's lease comes back at once, the queued
+// rows lease oldest first, cancel and pending_in_batch see the batch, and a v3 done row still
+// answers a dedup lookup.
+TEST_F(QueueSchemaTest, V3FileWithRowsInEveryStateMigratesToV4AndDrains) {
+  sql_exec(path_, std::string(schema_v1_sql()) + schema_migration_sql(2) + schema_migration_sql(3) +
+                      "PRAGMA application_id = " + std::to_string(0x434C4D51) + "; PRAGMA user_version = 3;");
+  // The hash v3 stored for a /v1/completions row (FNV-1a of model \0 body), computed independently.
+  auto fnv = [](const std::string& model, const std::string& body) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : model) { h ^= c; h *= 1099511628211ull; }
+    h *= 1099511628211ull;
+    for (unsigned char c : body) { h ^= c; h *= 1099511628211ull; }
+    char out[17];
+    std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+    return std::string(out);
+  };
+  // A pid that is surely gone: a child that has exited and been reaped.
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  const std::string pid = std::to_string(getpid()), far = "9999999999";
+  auto row = [&](int id, const std::string& batch, const std::string& cid, const std::string& state, int attempts,
+                 const std::string& expiry, const std::string& worker, const std::string& wpid, const std::string& err) {
+    auto q = [](const std::string& v) { return v.empty() ? std::string("NULL") : "'" + v + "'"; };
+    return "(" + std::to_string(id) + ", " + q(batch) + ", " + q(cid) + ", 'm', '" + body_of(id) + "', '" +
+           fnv("m", body_of(id)) + "', '" + state + "', " + std::to_string(attempts) + ", " +
+           (expiry.empty() ? "NULL" : expiry) + ", " + q(worker) + ", " + (wpid.empty() ? "NULL" : wpid) + ", " +
+           (worker.empty() ? "NULL" : "'" + host() + "'") + ", " + q(err) + ", 1, 2, '/v1/completions')";
+  };
+  sql_exec(path_,
+           "INSERT INTO requests(id, batch_id, custom_id, model, body, content_hash, state, attempts, lease_expiry, "
+           "worker_id, worker_pid, worker_host, last_error, created_at, updated_at, endpoint) VALUES " +
+               row(1, "b", "c1", "done", 1, "", "w-old", pid, "") + "," +
+               row(2, "b", "c2", "running", 1, far, "w-old", pid, "") + "," +
+               row(3, "b", "c3", "queued", 0, "", "", "", "") + "," +
+               row(4, "", "", "failed", 3, "", "", "", "oom") + "," +
+               row(5, "b", "c5", "queued", 1, "", "", "", "retry") + "," +
+               row(6, "b2", "x", "cancelled", 0, "", "", "", "") + "," +
+               row(7, "b", "c7", "running", 1, far, "w-dead", std::to_string(gone), "") + "," +
+               row(8, "", "", "queued", 0, "", "", "", "") +
+               ";"
+               "INSERT INTO results VALUES(1, 200, '{\"text\":\"one\"}', NULL, 2), (4, 500, '', 'failed after 3', 2);"
+               "UPDATE state_counts SET n = (SELECT COUNT(*) FROM requests r WHERE r.state = state_counts.state);");
+  EXPECT_EQ(sql_scalar(path_, "SELECT group_concat(state || '=' || n, ',') FROM state_counts"),
+            "queued=3,running=2,done=1,failed=1,cancelled=1");
+  const std::vector<std::string> before = sql_rows(path_, kAllRows);
+  ASSERT_EQ(before.size(), 8u);
+
+  Queue q = Queue::open(path_);
+  EXPECT_EQ(q.schema_version(), 4);
+  EXPECT_EQ(sql_scalar(path_, "PRAGMA user_version"), "4");
+  EXPECT_EQ(sql_rows(path_, kAllRows), before);  // every column of every row and result
+  EXPECT_EQ(sql_scalar(path_, "SELECT group_concat(dedup, ',') FROM requests"), "1,1,1,1,1,1,1,1");
+  expect_counts_match_rows(q, path_, "after the migration");
+  EXPECT_EQ(sql_scalar(path_, "PRAGMA integrity_check"), "ok");
+  EXPECT_EQ(sql_scalar(path_, "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_schema "
+                              "WHERE tbl_name = 'requests' AND type IN ('index','trigger') AND sql IS NOT NULL "
+                              "ORDER BY name)"),
+            "requests_batch_order,requests_batch_pending,requests_count_delete,requests_custom_id,"
+            "requests_done_hash,requests_queued,requests_running");
+  EXPECT_NE(sql_scalar(path_, "SELECT sql FROM sqlite_schema WHERE name = 'requests_done_hash'").find("dedup = 1"),
+            std::string::npos);
+  EXPECT_NE(sql_scalar(path_, "SELECT sql FROM sqlite_schema WHERE name = 'requests_batch_pending'")
+                .find("requests(batch_id)"),
+            std::string::npos);
+  // The planner still ranges over the partial indexes (the hot queries' terms name their conditions).
+  EXPECT_NE(sql_scalar(path_, "EXPLAIN QUERY PLAN SELECT COUNT(*) FROM requests WHERE batch_id = 'b' AND state IN "
+                              "('queued','running')")
+                .find("requests_batch_pending"),
+            std::string::npos);
+  EXPECT_NE(sql_scalar(path_, "EXPLAIN QUERY PLAN SELECT id FROM requests WHERE content_hash = 'h' AND "
+                              "state = 'done' AND dedup = 1")
+                .find("requests_done_hash"),
+            std::string::npos);
+  EXPECT_EQ(q.pending_in_batch("b"), 4);  // 2 and 7 running, 3 and 5 queued
+
+  // Draining: the dead worker's row (7) comes back at once and is leased after the older queued
+  // rows; the live lease (2) stays its holder's.
+  auto l = q.lease("w", 2);
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0].id, 3);
+  EXPECT_EQ(l[1].id, 5);
+  EXPECT_EQ(q.get(7)->state, RequestState::queued);
+  EXPECT_EQ(q.get(2)->worker_id, "w-old");
+  q.complete(2, "w-old", Result{200, "{\"text\":\"two\"}", ""});
+  EXPECT_EQ(q.cancel_batch("b"), 1);  // row 7, queued again
+  EXPECT_EQ(q.get(7)->state, RequestState::cancelled);
+  EXPECT_EQ(q.pending_in_batch("b"), 2);  // 3 and 5, running
+  auto rest = q.complete_and_lease("w", {{5, Result{200, "{}", ""}}, {3, Result{200, "{\"text\":\"three\"}", ""}}}, 4);
+  EXPECT_TRUE(rest.refused.empty());
+  ASSERT_EQ(rest.leased.size(), 1u);
+  EXPECT_EQ(rest.leased[0].id, 8);
+  q.complete(8, "w", Result{200, "{}", ""});
+  EXPECT_EQ(q.pending_in_batch("b"), 0);
+  EXPECT_TRUE(q.lease("w", 4).empty());
+  expect_counts_match_rows(q, path_, "after draining the migrated rows");
+  EXPECT_EQ(q.get(3)->result->body, "{\"text\":\"three\"}");
+  EXPECT_EQ(q.get(2)->result->body, "{\"text\":\"two\"}");
+  // Dedup finds a row v3 finished and one finished after the migration; a queue with dedup off
+  // finds neither and its own finished rows are no dedup source.
+  RequestId again = q.enqueue("m", body_of(1));
+  EXPECT_EQ(q.get(again)->state, RequestState::done);
+  EXPECT_EQ(q.get(again)->result->body, "{\"text\":\"one\"}");
+  EXPECT_EQ(q.get(q.enqueue("m", body_of(3)))->result->body, "{\"text\":\"three\"}");
+  {
+    Queue off = Queue::open(path_, QueueOptions{.dedup = false});
+    RequestId mine = off.enqueue("m", "{\"prompt\":\"off\"}");
+    EXPECT_EQ(off.get(mine)->state, RequestState::queued);
+    auto got = off.lease("w-off", 1);
+    ASSERT_EQ(got.size(), 1u);
+    off.complete(mine, "w-off", Result{200, "{\"text\":\"sampled\"}", ""});
+  }
+  EXPECT_EQ(q.get(q.enqueue("m", "{\"prompt\":\"off\"}"))->state, RequestState::queued);
+  expect_counts_match_rows(q, path_, "after the dedup checks");
+  EXPECT_EQ(sql_scalar(path_, "PRAGMA integrity_check"), "ok");
+}
+
+// v1 -> v2 -> v3 -> v4 in one open, and a current file reopened migrates nothing.
 TEST_F(QueueSchemaTest, V1FileMigratesThroughEveryVersion) {
   sql_exec(path_, std::string(schema_v1_sql()) + "PRAGMA application_id = " + std::to_string(0x434C4D51) +
                       "; PRAGMA user_version = 1;"
