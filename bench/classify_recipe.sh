@@ -24,6 +24,11 @@
 #                     text; every grid point then starts from it (--init). Unset: no round 0.
 #   INIT=DIR          start every grid point from this pretrained model (its tokenizer; the
 #                     config and BPE below are then unused); a model with a head is continued
+#   ADAPT_STEPS=N     round 1 (task-adaptive pretraining, with INIT or PRETRAIN): N steps of
+#                     language-model training continued from that model on TRAIN's text (and the
+#                     unlabelled files in ADAPT="FILE...", e.g. the user's in-domain corpus), batch
+#                     16 x 64 tokens, lr ADAPT_LR (default 1e-3), sampled softmax; the grid then
+#                     starts from it. Labels are never read. 0 or unset: no round 1.
 #   CORELM_BIN        default build/release/corelm
 #   LRS="1e-3 3e-3"   learning-rate grid;  POOLINGS="mean last"  pooling grid
 #   EPOCHS=6          passes over TRAIN per grid point, capped by MAX_STEPS (default 2500)
@@ -90,6 +95,27 @@ PY
   echo "classify_recipe: round 0 (LM pretraining): $(cat "$work/pretrain.json")" >&2
   init=$work/pretrain
 fi
+if [[ -n $init && ${ADAPT_STEPS:-0} -gt 0 ]]; then
+  python3 - "$train" "$work/train_text.txt" <<'PY'
+import json, sys
+with open(sys.argv[2], "w", encoding="utf-8") as out:
+    for line in open(sys.argv[1], encoding="utf-8"):
+        if line.strip():
+            out.write(json.loads(line)["text"].replace("\n", " ") + "\n")
+PY
+  if [[ ${REUSE:-0} == 1 && -f $work/adapt/model.safetensors ]]; then
+    echo "classify_recipe: REUSE=1: keeping round 1 in $work/adapt" >&2
+  else
+    rm -rf "$work/adapt"
+    # shellcheck disable=SC2086
+    "${run[@]}" "$bin" train --init "$init" --data ${ADAPT:-} "$work/train_text.txt" --steps "$ADAPT_STEPS" \
+      --batch 16 --seq 64 --lr "${ADAPT_LR:-1e-3}" --loss sampled --compute-dtype "${COMPUTE:-bf16}" \
+      --val-fraction 0.02 --eval-every 0 --sample-tokens 0 --save-every 0 --keep-checkpoints 1 --no-progress \
+      --threads 1 --out "$work/adapt" > "$work/adapt.json"
+  fi
+  echo "classify_recipe: round 1 (task-adaptive LM, $ADAPT_STEPS steps): $(cat "$work/adapt.json")" >&2
+  init=$work/adapt
+fi
 if [[ -n $init ]]; then base+=(--init "$init"); else base+=(--config "$work/config.json"); fi
 
 best="" best_acc=-1 best_loss=0
@@ -126,9 +152,9 @@ PY
 "${run[@]}" "$bin" eval-task --model "$uncal" --data "$test" --task classify --precision "$precision" \
   --threads 1 --batch 16 --json > "$work/test_eval_uncalibrated.json"
 
-python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init" "${PRETRAIN:-}" <<'PY'
+python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "${INIT:-$init}" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" <<'PY'
 import json, sys
-work, best, train_s, lrs, pools, steps, epochs, init, pretrain = sys.argv[1:]
+work, best, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt = sys.argv[1:]
 ev = json.load(open(f"{work}/test_eval.json"))
 un = json.load(open(f"{work}/test_eval_uncalibrated.json"))
 tr = json.load(open(f"{best}.json"))
@@ -136,7 +162,8 @@ cfg = json.load(open(f"{best}/config.json"))
 print(json.dumps({
     "accuracy": ev["accuracy"], "macro_f1": ev["macro_f1"], "ece_before": un["ece"], "ece": ev["ece"],
     "input_tok_s": ev["tokens_per_s"], "params": tr["params"], "train_s": float(train_s),
-    "recipe": {"model": best, "init": init or None, "pretrain": pretrain.split() or None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
+    "recipe": {"model": best, "init": init or None, "pretrain": pretrain.split() or None,
+               "adapt": {"steps": int(adapt_steps), "files": adapt.split()} if int(adapt_steps) > 0 else None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
                "chosen": {"lr": float(best.rsplit("/", 1)[1].split("_")[0][2:]), "pooling": cfg["classifier_pooling"]},
                "steps": int(steps), "epochs": float(epochs), "best_step": tr["best_step"],
                "dev_accuracy": tr["dev_accuracy"], "dev_ece_before": tr["ece_before"], "dev_ece": tr["ece_after"],

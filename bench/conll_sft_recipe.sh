@@ -11,7 +11,7 @@
 # newline. Prints one JSON line {"precision", "recall", "f1", "per_type", "input_tok_s",
 # "train_s", "params", "recipe"}. Runs at nice 10 pinned to core 0. Environment: CORELM_BIN,
 # TRAIN_STEPS (3000), SEQ (128), LR (2e-3), BATCH (16), MAX_TOKENS (48), TEST_LIMIT (0 = all 3,453),
-# REUSE_MODEL=1, TIME_BUDGET (600: training stops and checkpoints after that many seconds; the
+# REUSE_MODEL=1, SFT_INIT (start from this model instead of the from-scratch config), TIME_BUDGET (600: training stops and checkpoints after that many seconds; the
 # learning-rate schedule is the one of TRAIN_STEPS, so a cut run ends before its decay; steps_done says where).
 set -euo pipefail
 [[ $# == 3 ]] || { echo "usage: $0 TRAIN.jsonl TEST.jsonl WORK" >&2; exit 2; }
@@ -46,7 +46,7 @@ print(json.dumps({"precision": ev["precision"], "recall": ev["recall"], "f1": ev
                   "records": ev["records"], "gold_entities": ev["gold_entities"],
                   "malformed_entries": ev["malformed_entries"], "error_records": ev["error_records"],
                   "input_tok_s": ev["tokens_per_s"], "params": int(params), "train_s": round(float(t1) - float(t0), 1),
-                  "recipe": {"name": "entity-list SFT", "layers": L, "hidden": h, "steps": int(steps), "steps_done": tr.get("steps"),
+                  "recipe": {"name": "entity-list SFT", "init": os.environ.get("SFT_INIT") or None, "layers": L, "hidden": h, "steps": int(steps), "steps_done": tr.get("steps"),
                              "time_budget_s": float(os.environ.get("TIME_BUDGET", "600")), "seq": int(seq),
                              "lr": float(lr), "batch": int(batch), "max_tokens": int(max_tokens),
                              "template": "{text}\\nEntities:"}}))

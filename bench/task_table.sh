@@ -21,6 +21,9 @@
 #   TEST_LIMIT  score only the first N test rows (0 = all; the table says so)
 #   RECIPE      the head recipe script (bench/classify_recipe.sh)
 #   SFT_TRAIN_STEPS, CONLL_TRAIN_STEPS  training steps of the two SFT recipes (1500, 3000)
+#   CONLL_INIT  start the CoNLL entity-list SFT from this model (e.g. the pretrained tiny) instead
+#               of the from-scratch 2-layer model
+#   INIT, ADAPT_STEPS, ADAPT, LRS, POOLINGS, ...  passed to the head recipe (see its header)
 #   CORELM_BIN  (build/release/corelm); PIN_CORE the core every step is pinned to (0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,7 +86,7 @@ if has "$sets" conll; then
   bl_limit=(); [[ $limit != 0 ]] && bl_limit=(--limit "$limit")
   has "$steps" conll_baseline && step "$work/conll/baseline.json" python3 bench/conll_baseline.py \
     "$d/train.jsonl" "$d/test.jsonl" "$work/conll/baseline" "${bl_limit[@]}"
-  has "$steps" conll_sft && step "$work/conll/sft.json" env TRAIN_STEPS="${CONLL_TRAIN_STEPS:-3000}" \
+  has "$steps" conll_sft && step "$work/conll/sft.json" env TRAIN_STEPS="${CONLL_TRAIN_STEPS:-3000}" SFT_INIT="${CONLL_INIT:-}" \
     bench/conll_sft_recipe.sh "$d/train.jsonl" "$d/test.jsonl" "$work/conll/sft"
 fi
 

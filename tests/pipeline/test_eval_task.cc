@@ -468,6 +468,7 @@ TEST(TaskData, ConvertsTinySamplesOfEverySourceFormat) {
   for (int i = 0; i < 20; ++i) sst += std::to_string(i % 2) + "\tphrase " + std::to_string(i) + " ,\n";
   write_text((data / "classification/sst2/train.tsv").string(), sst);
   write_text((data / "classification/sst2/test.tsv").string(), "label\tcontent\n1\tgood \" film\n0\tbad\n");
+  write_text((data / "classification/sst2/dev.tsv").string(), "label\tcontent\n0\tdull\n1\tfine film\n0\tslow\n");
   std::string trec;
   for (int i = 0; i < 30; ++i) trec += std::string(i % 2 ? "HUM:ind" : "NUM:dist") + " Who is " + std::to_string(i) + " ?\n";
   write_text((data / "classification/trec/train_5500.label").string(), trec);
@@ -494,7 +495,17 @@ TEST(TaskData, ConvertsTinySamplesOfEverySourceFormat) {
   const auto sst_test = jsonl(out / "sst2/test.jsonl");
   ASSERT_EQ(sst_test.size(), 2u);
   EXPECT_EQ(sst_test[0], (nlohmann::json{{"text", "good \" film"}, {"label", "positive"}}));
-  EXPECT_EQ(jsonl(out / "sst2/train.jsonl").size() + jsonl(out / "sst2/dev.jsonl").size(), 20u);
+  // SST-2's dev is the GLUE dev.tsv by default (whole sentences; train keeps all 20 phrases) ...
+  EXPECT_EQ(jsonl(out / "sst2/train.jsonl").size(), 20u);
+  const auto sst_dev = jsonl(out / "sst2/dev.jsonl");
+  ASSERT_EQ(sst_dev.size(), 3u);
+  EXPECT_EQ(sst_dev[1], (nlohmann::json{{"text", "fine film"}, {"label", "positive"}}));
+  // ... or 10 % of train.tsv with --sst2-dev split.
+  r = run_program("python3", {script, "--data", data.string(), "--out", (root / "out_split").string(), "--sets", "sst2",
+                              "--sst2-dev", "split"}, CliOptions{.timeout_s = 30});
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_EQ(jsonl(root / "out_split/sst2/train.jsonl").size(), 18u);
+  EXPECT_EQ(jsonl(root / "out_split/sst2/dev.jsonl").size(), 2u);
   const auto trec_test = jsonl(out / "trec/test.jsonl");
   ASSERT_EQ(trec_test.size(), 2u);
   EXPECT_EQ(trec_test[1], (nlohmann::json{{"text", "What is EU ?"}, {"label", "abbreviation"}}));
