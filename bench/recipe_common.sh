@@ -45,7 +45,7 @@ JSON
 }
 
 # recipe_train: `corelm train --sft` from scratch (or from the model SFT_INIT names, its tokenizer and
-# shape, when SFT_INIT is set) into WORK/model (kept when REUSE_MODEL=1 and a
+# shape, when SFT_INIT is set) into WORK/model, matrix products in ${COMPUTE:-f32} (--compute-dtype) (kept when REUSE_MODEL=1 and a
 # model is there), stopping after TIME_BUDGET seconds (600); its JSON goes to WORK/train.json.
 recipe_train() {
   if [[ ${REUSE_MODEL:-0} == 1 && -f $work/model/model.safetensors ]]; then :; else
@@ -53,7 +53,7 @@ recipe_train() {
     local start=(--config "$work/config.json")
     [[ -n ${SFT_INIT:-} ]] && start=(--init "$SFT_INIT")
     nice -n 10 "${pin[@]}" "$bin" train "${start[@]}" --sft "$work/sft.jsonl" --out "$work/model" \
-      --steps "$steps" --batch "$batch" --seq "$seq" --lr "$lr" --warmup 30 --threads 1 --seed 1 --val-fraction 0.02 \
+      --steps "$steps" --batch "$batch" --seq "$seq" --lr "$lr" --warmup 30 --threads 1 --seed 1 --val-fraction 0.02 --compute-dtype "${COMPUTE:-f32}" \
       --eval-every "$steps" --sample-tokens 0 --time-budget "${TIME_BUDGET:-600}" --no-progress > "$work/train.json"
   fi
 }
