@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -25,5 +27,23 @@ class QueueDirTest : public ::testing::Test {
   }
   std::string dir_, path_;
 };
+
+// The content hash the queue stores for a /v1/completions row (FNV-1a 64 of model, a 0 byte, body),
+// computed independently of the library: tests of old schema files write rows with it.
+inline std::string fnv1a_model_body(const std::string& model, const std::string& body) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : model) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  h *= 1099511628211ull;
+  for (unsigned char c : body) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return std::string(out);
+}
 
 }  // namespace corelm::queue

@@ -389,15 +389,7 @@ TEST_F(QueueTest, V1FileIsMigratedInPlaceAndItsRowsKeepWorking) {
   sql_exec(path_, std::string(schema_v1_sql()) + "PRAGMA application_id = " + std::to_string(0x434C4D51) +
                       "; PRAGMA user_version = 1;");
   // The v1 hash of ("m", body_of(1)) (FNV-1a of model \0 body), computed here independently.
-  auto fnv = [](const std::string& model, const std::string& body) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : model) { h ^= c; h *= 1099511628211ull; }
-    h *= 1099511628211ull;
-    for (unsigned char c : body) { h ^= c; h *= 1099511628211ull; }
-    char out[17];
-    std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-    return std::string(out);
-  };
+  auto fnv = fnv1a_model_body;
   sql_exec(path_,
            "INSERT INTO requests(id, batch_id, custom_id, model, body, content_hash, state, attempts, created_at, updated_at) "
            "VALUES(1, 'b', 'c1', 'm', '" + body_of(1) + "', '" + fnv("m", body_of(1)) + "', 'done', 1, 1, 1),"

@@ -181,15 +181,7 @@ TEST_F(QueueSchemaTest, V3FileWithRowsInEveryStateMigratesToV4AndDrains) {
   sql_exec(path_, std::string(schema_v1_sql()) + schema_migration_sql(2) + schema_migration_sql(3) +
                       "PRAGMA application_id = " + std::to_string(0x434C4D51) + "; PRAGMA user_version = 3;");
   // The hash v3 stored for a /v1/completions row (FNV-1a of model \0 body), computed independently.
-  auto fnv = [](const std::string& model, const std::string& body) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : model) { h ^= c; h *= 1099511628211ull; }
-    h *= 1099511628211ull;
-    for (unsigned char c : body) { h ^= c; h *= 1099511628211ull; }
-    char out[17];
-    std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-    return std::string(out);
-  };
+  auto fnv = fnv1a_model_body;
   // A pid that is surely gone: a child that has exited and been reaped.
   const pid_t gone = fork();
   if (gone == 0) _exit(0);
