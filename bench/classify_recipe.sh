@@ -79,7 +79,8 @@ base=(--task classify --labels "$labels" --data "$train" --dev "$dev" --steps "$
       --keep-checkpoints 1 --no-progress --threads 1 --compute-dtype "${COMPUTE:-bf16}")
 start=$(date +%s.%N)
 init=${INIT:-}
-if [[ -z $init && -n ${PRETRAIN:-} ]]; then
+# TRAIN's text, one record a line (labels dropped): the language-model data of rounds 0 and 1.
+if [[ ( -z $init && -n ${PRETRAIN:-} ) || ${ADAPT_STEPS:-0} -gt 0 ]]; then
   python3 - "$train" "$work/train_text.txt" <<'PY'
 import json, sys
 with open(sys.argv[2], "w", encoding="utf-8") as out:
@@ -87,6 +88,8 @@ with open(sys.argv[2], "w", encoding="utf-8") as out:
         if line.strip():
             out.write(json.loads(line)["text"].replace("\n", " ") + "\n")
 PY
+fi
+if [[ -z $init && -n ${PRETRAIN:-} ]]; then
   rm -rf "$work/pretrain"
   # shellcheck disable=SC2086
   "${run[@]}" "$bin" train --config "$work/config.json" --data $PRETRAIN "$work/train_text.txt" "$work/train_text.txt" \
@@ -95,14 +98,8 @@ PY
   echo "classify_recipe: round 0 (LM pretraining): $(cat "$work/pretrain.json")" >&2
   init=$work/pretrain
 fi
+init_round0=$init  # what the recipe JSON reports as "init": the model round 1 (if any) starts from
 if [[ -n $init && ${ADAPT_STEPS:-0} -gt 0 ]]; then
-  python3 - "$train" "$work/train_text.txt" <<'PY'
-import json, sys
-with open(sys.argv[2], "w", encoding="utf-8") as out:
-    for line in open(sys.argv[1], encoding="utf-8"):
-        if line.strip():
-            out.write(json.loads(line)["text"].replace("\n", " ") + "\n")
-PY
   if [[ ${REUSE:-0} == 1 && -f $work/adapt/model.safetensors ]]; then
     echo "classify_recipe: REUSE=1: keeping round 1 in $work/adapt" >&2
   else
@@ -152,7 +149,7 @@ PY
 "${run[@]}" "$bin" eval-task --model "$uncal" --data "$test" --task classify --precision "$precision" \
   --threads 1 --batch 16 --json > "$work/test_eval_uncalibrated.json"
 
-python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "${INIT:-$init}" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" <<'PY'
+python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init_round0" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" <<'PY'
 import json, sys
 work, best, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt = sys.argv[1:]
 ev = json.load(open(f"{work}/test_eval.json"))

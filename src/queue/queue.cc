@@ -393,15 +393,18 @@ struct Queue::Impl {
     return n + delta.queued + delta.running;
   }
 
-  void insert_result(RequestId id, const Result& r, double t) {
-    sqlite3_stmt* st = stmt(
-        "INSERT INTO results(request_id, status_code, body, error, finished_at) VALUES(?,?,?,?,?)");
-    bind(st, 1, id);
-    bind(st, 2, r.status_code);
-    bind_static(st, 3, r.body);
-    if (r.error.empty()) sqlite3_bind_null(st, 4);
-    else bind_static(st, 4, r.error);
-    bind(st, 5, t);
+  // One results row (request_id, status_code, body, error, finished_at) bound at parameters
+  // first .. first + 4, its strings not copied (run_and_clear clears them).
+  void bind_result(sqlite3_stmt* st, int first, RequestId id, const Result& r, double t) const {
+    bind(st, first, id);
+    bind(st, first + 1, r.status_code);
+    bind_static(st, first + 2, r.body);
+    if (r.error.empty()) sqlite3_bind_null(st, first + 3);
+    else bind_static(st, first + 3, r.error);
+    bind(st, first + 4, t);
+  }
+  // Runs a statement with bind_static parameters and clears its bindings, also when it fails.
+  void run_and_clear(sqlite3_stmt* st) const {
     try {
       run(st);
     } catch (...) {
@@ -409,6 +412,13 @@ struct Queue::Impl {
       throw;
     }
     sqlite3_clear_bindings(st);
+  }
+
+  void insert_result(RequestId id, const Result& r, double t) {
+    sqlite3_stmt* st = stmt(
+        "INSERT INTO results(request_id, status_code, body, error, finished_at) VALUES(?,?,?,?,?)");
+    bind_result(st, 1, id, r, t);
+    run_and_clear(st);
   }
 
   RequestId insert_one(const NewRequest& r, double t) {
@@ -837,21 +847,10 @@ std::vector<RequestId> Queue::Impl::complete_locked(const std::string& worker_id
     });
     int c = 1;
     for (size_t i : acked) {
-      const Result& r = results[i].second;
-      bind(ins, c++, results[i].first);
-      bind(ins, c++, r.status_code);
-      bind_static(ins, c++, r.body);
-      if (r.error.empty()) sqlite3_bind_null(ins, c++);
-      else bind_static(ins, c++, r.error);
-      bind(ins, c++, t);
+      bind_result(ins, c, results[i].first, results[i].second, t);
+      c += 5;
     }
-    try {
-      run(ins);
-    } catch (...) {
-      sqlite3_clear_bindings(ins);
-      throw;
-    }
-    sqlite3_clear_bindings(ins);
+    run_and_clear(ins);
   }
   return refused;
 }
