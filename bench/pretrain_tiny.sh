@@ -9,7 +9,8 @@
 # the sampled softmax, ~3x the tokens per hour at the full-softmax validation loss; or full),
 # THREADS (1), COMPUTE (bf16: the measured bf16 GEMM where the core runs it at full rate, else
 # bf16-rounded operands on the fp32 GEMM; or f32), NICE (10), PNG (docs/img/pretrain_tiny_loss.png), INIT (a model dir to continue
-# from, e.g. a previous run).
+# from, e.g. a previous run), RANKS (1: data-parallel MPI ranks, one per core, `mpirun --bind-to
+# core`; BATCH is per rank, so the global batch is RANKS x BATCH).
 # The number of steps is chosen so the cosine schedule ends with the budget: a 10-step probe
 # measures tokens/s first. Validation is the corpus's own validation file (corpus.val.bin), scored
 # on the same 16 batches at every evaluation; the plot shows the training loss (21-step moving
@@ -29,6 +30,9 @@ loss=${LOSS:-sampled}
 threads=${THREADS:-1}
 compute=${COMPUTE:-bf16}
 nice=${NICE:-10}
+ranks=${RANKS:-1}
+launch=""
+[ "$ranks" -gt 1 ] && launch="mpirun -np $ranks --bind-to core"
 png=${PNG:-$here/docs/img/pretrain_tiny_loss.png}
 for f in corpus.bin corpus.bin.json corpus.val.bin corpus.tokenizer.json; do
   [ -s "$corpus/$f" ] || { echo "pretrain_tiny: $corpus/$f missing (run scripts/build_corpus.sh $corpus)" >&2; exit 1; }
@@ -44,19 +48,19 @@ common="--preset tiny --data $corpus/corpus.bin $corpus/corpus.val.bin --val-fra
 probe=$run.probe
 rm -rf "$probe"
 # shellcheck disable=SC2086
-tps=$(nice -n "$nice" "$bin" train $common --out "$probe" --steps 10 --warmup 2 --eval-batches 0 --sample-tokens 0 \
+tps=$(nice -n "$nice" $launch "$bin" train $common --out "$probe" --steps 10 --warmup 2 --eval-batches 0 --sample-tokens 0 \
         --save-every 0 --no-progress | python3 -c "import json,sys; print(json.loads(sys.stdin.read())['tokens_per_s'])")
 rm -rf "$probe"
-steps=$(python3 -c "import sys; print(max(50, int(float(sys.argv[1]) * float(sys.argv[2]) / (int(sys.argv[3]) * int(sys.argv[4])))))" \
-          "$tps" "$budget" "$batch" "$seq")
-echo "pretrain_tiny: probe $tps tok/s -> $steps steps of $batch x $seq in ${budget}s ($(uptime | sed 's/.*load/load/'))" >&2
+steps=$(python3 -c "import sys; print(max(50, int(float(sys.argv[1]) * float(sys.argv[2]) / (int(sys.argv[3]) * int(sys.argv[4]) * int(sys.argv[5])))))" \
+          "$tps" "$budget" "$batch" "$seq" "$ranks")
+echo "pretrain_tiny: probe $tps tok/s -> $steps steps of $ranks x $batch x $seq in ${budget}s ($(uptime | sed 's/.*load/load/'))" >&2
 
 rm -rf "$run"
 # shellcheck disable=SC2086
-nice -n "$nice" "$bin" train $common --out "$run" --steps "$steps" --warmup $((steps / 20 + 1)) \
+nice -n "$nice" $launch "$bin" train $common --out "$run" --steps "$steps" --warmup $((steps / 20 + 1)) \
   --eval-every $((steps / 12 + 1)) --eval-batches 16 --sample-tokens 24 --time-budget "$((budget + budget / 10))" \
   --save-every $((steps / 4 + 1)) --keep-checkpoints 1 | tee "$run.summary.json"
 mkdir -p "$(dirname "$png")"
 ${PYTHON:-/usr/bin/python3} "$here/bench/plot_train_curves.py" --x tokens \
-  --title "tiny on the Debian text corpus ($batch x $seq tokens/step; train: $loss softmax, val: full)" \
+  --title "tiny on the Debian text corpus ($((ranks * batch)) x $seq tokens/step; train: $loss softmax, val: full)" \
   "$png" "$run.curve.json" "tiny=$run"
