@@ -12,7 +12,8 @@
 # from, e.g. a previous run), RANKS (1: data-parallel MPI ranks, one per core, `mpirun --bind-to
 # core`; BATCH is per rank, so the global batch is RANKS x BATCH).
 # The number of steps is chosen so the cosine schedule ends with the budget: a 10-step probe
-# measures tokens/s first. Validation is the corpus's own validation file (corpus.val.bin), scored
+# measures tokens/s first (STEPS=N skips the probe and runs N steps, e.g. when the probe is noisy;
+# BUDGET then only caps the run's time). Validation is the corpus's own validation file (corpus.val.bin), scored
 # on the same 16 batches at every evaluation; the plot shows the training loss (21-step moving
 # average) and the validation points. Prints the run summary and the curve summary as JSON.
 set -eu
@@ -45,15 +46,19 @@ init=""
 common="--preset tiny --data $corpus/corpus.bin $corpus/corpus.val.bin --val-fraction $valfrac
   --tokenizer $corpus/corpus.tokenizer.json --batch $batch --seq $seq --lr $lr --loss $loss --threads $threads --compute-dtype $compute $init"
 
-probe=$run.probe
-rm -rf "$probe"
-# shellcheck disable=SC2086
-tps=$(nice -n "$nice" $launch "$bin" train $common --out "$probe" --steps 10 --warmup 2 --eval-batches 0 --sample-tokens 0 \
-        --save-every 0 --no-progress | python3 -c "import json,sys; print(json.loads(sys.stdin.read())['tokens_per_s'])")
-rm -rf "$probe"
-steps=$(python3 -c "import sys; print(max(50, int(float(sys.argv[1]) * float(sys.argv[2]) / (int(sys.argv[3]) * int(sys.argv[4]) * int(sys.argv[5])))))" \
-          "$tps" "$budget" "$batch" "$seq" "$ranks")
-echo "pretrain_tiny: probe $tps tok/s -> $steps steps of $ranks x $batch x $seq in ${budget}s ($(uptime | sed 's/.*load/load/'))" >&2
+if [ -n "${STEPS:-}" ]; then
+  steps=$STEPS
+else
+  probe=$run.probe
+  rm -rf "$probe"
+  # shellcheck disable=SC2086
+  tps=$(nice -n "$nice" $launch "$bin" train $common --out "$probe" --steps 10 --warmup 2 --eval-batches 0 --sample-tokens 0 \
+          --save-every 0 --no-progress | python3 -c "import json,sys; print(json.loads(sys.stdin.read())['tokens_per_s'])")
+  rm -rf "$probe"
+  steps=$(python3 -c "import sys; print(max(50, int(float(sys.argv[1]) * float(sys.argv[2]) / (int(sys.argv[3]) * int(sys.argv[4]) * int(sys.argv[5])))))" \
+            "$tps" "$budget" "$batch" "$seq" "$ranks")
+fi
+echo "pretrain_tiny: probe ${tps:-skipped} tok/s -> $steps steps of $ranks x $batch x $seq in ${budget}s ($(uptime | sed 's/.*load/load/'))" >&2
 
 rm -rf "$run"
 # shellcheck disable=SC2086
