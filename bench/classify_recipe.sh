@@ -27,7 +27,9 @@
 #   ADAPT_STEPS=N     round 1 (task-adaptive pretraining, with INIT or PRETRAIN): N steps of
 #                     language-model training continued from that model on TRAIN's text (and the
 #                     unlabelled files in ADAPT="FILE...", e.g. the user's in-domain corpus), batch
-#                     16 x 64 tokens, lr ADAPT_LR (default 1e-3), sampled softmax; the grid then
+#                     16 x 64 tokens, sampled softmax, once per learning rate in ADAPT_LRS
+#                     (default "2e-4 1e-3"; ADAPT_LR=X runs X alone); the run with the lowest
+#                     language-model loss on the held-out last 2% of that text is kept and the grid
 #                     starts from it. Labels are never read. 0 or unset: no round 1.
 #   CORELM_BIN        default build/release/corelm
 #   LRS="1e-3 3e-3"   learning-rate grid;  POOLINGS="mean last"  pooling grid
@@ -99,19 +101,31 @@ if [[ -z $init && -n ${PRETRAIN:-} ]]; then
   init=$work/pretrain
 fi
 init_round0=$init  # what the recipe JSON reports as "init": the model round 1 (if any) starts from
+adapt_chosen="" adapt_losses=""
 if [[ -n $init && ${ADAPT_STEPS:-0} -gt 0 ]]; then
-  if [[ ${REUSE:-0} == 1 && -f $work/adapt/model.safetensors ]]; then
-    echo "classify_recipe: REUSE=1: keeping round 1 in $work/adapt" >&2
-  else
-    rm -rf "$work/adapt"
-    # shellcheck disable=SC2086
-    "${run[@]}" "$bin" train --init "$init" --data ${ADAPT:-} "$work/train_text.txt" --steps "$ADAPT_STEPS" \
-      --batch 16 --seq 64 --lr "${ADAPT_LR:-1e-3}" --loss sampled --compute-dtype "${COMPUTE:-bf16}" \
-      --val-fraction 0.02 --eval-every 0 --sample-tokens 0 --save-every 0 --keep-checkpoints 1 --no-progress \
-      --threads 1 --out "$work/adapt" > "$work/adapt.json"
-  fi
-  echo "classify_recipe: round 1 (task-adaptive LM, $ADAPT_STEPS steps): $(cat "$work/adapt.json")" >&2
-  init=$work/adapt
+  # One round-1 run per learning rate; the one with the lowest held-out language-model loss on
+  # TRAIN's text (the last 2%, --val-fraction) is kept. Labels are never read.
+  best_val=""
+  for alr in ${ADAPT_LR:-${ADAPT_LRS:-2e-4 1e-3}}; do
+    aout="$work/adapt_lr$alr"
+    if [[ ${REUSE:-0} == 1 && -f $aout/model.safetensors && -s $aout.json ]]; then
+      echo "classify_recipe: REUSE=1: keeping round 1 in $aout" >&2
+    else
+      rm -rf "$aout"
+      # shellcheck disable=SC2086
+      "${run[@]}" "$bin" train --init "$init" --data ${ADAPT:-} "$work/train_text.txt" --steps "$ADAPT_STEPS" \
+        --batch 16 --seq 64 --lr "$alr" --loss sampled --compute-dtype "${COMPUTE:-bf16}" \
+        --val-fraction 0.02 --eval-every 0 --sample-tokens 0 --save-every 0 --keep-checkpoints 1 --no-progress \
+        --threads 1 --out "$aout" > "$aout.json"
+    fi
+    val=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["val_loss"])' "$aout.json")
+    echo "classify_recipe: round 1 (task-adaptive LM, $ADAPT_STEPS steps, lr $alr): held-out loss $val: $(cat "$aout.json")" >&2
+    adapt_losses+="$alr:$val "
+    if [[ -z $best_val ]] || python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$val" "$best_val"; then
+      best_val=$val adapt_chosen=$alr
+    fi
+  done
+  init=$work/adapt_lr$adapt_chosen
 fi
 if [[ -n $init ]]; then base+=(--init "$init"); else base+=(--config "$work/config.json"); fi
 
@@ -149,9 +163,9 @@ PY
 "${run[@]}" "$bin" eval-task --model "$uncal" --data "$test" --task classify --precision "$precision" \
   --threads 1 --batch 16 --json > "$work/test_eval_uncalibrated.json"
 
-python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init_round0" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" <<'PY'
+python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init_round0" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" "$adapt_chosen" "$adapt_losses" <<'PY'
 import json, sys
-work, best, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt = sys.argv[1:]
+work, best, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt, adapt_lr, adapt_losses = sys.argv[1:]
 ev = json.load(open(f"{work}/test_eval.json"))
 un = json.load(open(f"{work}/test_eval_uncalibrated.json"))
 tr = json.load(open(f"{best}.json"))
@@ -160,7 +174,9 @@ print(json.dumps({
     "accuracy": ev["accuracy"], "macro_f1": ev["macro_f1"], "ece_before": un["ece"], "ece": ev["ece"],
     "input_tok_s": ev["tokens_per_s"], "params": tr["params"], "train_s": float(train_s),
     "recipe": {"model": best, "init": init or None, "pretrain": pretrain.split() or None,
-               "adapt": {"steps": int(adapt_steps), "files": adapt.split()} if int(adapt_steps) > 0 else None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
+               "adapt": {"steps": int(adapt_steps), "files": adapt.split(), "lr": float(adapt_lr),
+                         "heldout_loss": {k: float(v) for k, v in (x.split(":") for x in adapt_losses.split())}}
+                        if int(adapt_steps) > 0 and adapt_lr else None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
                "chosen": {"lr": float(best.rsplit("/", 1)[1].split("_")[0][2:]), "pooling": cfg["classifier_pooling"]},
                "steps": int(steps), "epochs": float(epochs), "best_step": tr["best_step"],
                "dev_accuracy": tr["dev_accuracy"], "dev_ece_before": tr["ece_before"], "dev_ece": tr["ece_after"],
