@@ -39,6 +39,11 @@
 #   COMPUTE=bf16      training's matrix-product precision (--compute-dtype: bf16 runs the bf16 GEMM
 #                     where the core has it at full rate, else bf16-rounded operands; or f32)
 #   NICE=10           niceness of the training and evaluation runs
+#   SOUP=1            after the grid, average the weights of its points of the chosen pooling
+#                     (`corelm merge --method greedy --dev DEV`: best-first, each kept only when DEV
+#                     accuracy does not fall; temperature refitted on DEV) and use that soup in place
+#                     of the best point (it is never worse on DEV). The JSON then also carries the
+#                     best single point's TEST accuracy, as a diagnostic (nothing is chosen on it).
 #   REUSE=1           keep a grid point already trained in WORK (its OUT.json and model) instead of
 #                     training it again, e.g. to score a grid cut short
 #   PIN=0             the core they are pinned to with taskset (empty: not pinned)
@@ -147,6 +152,17 @@ for lr in $lrs; do
     fi
   done
 done
+single=$best
+if [[ ${SOUP:-0} == 1 ]]; then
+  pool_best=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["classifier_pooling"])' "$best/config.json")
+  members=()
+  for lr in $lrs; do members+=("$work/lr${lr}_$pool_best"); done
+  if (( ${#members[@]} >= 2 )); then
+    "${run[@]}" "$bin" merge "${members[@]}" --dev "$dev" --max-tokens "$seq" --out "$work/soup" --json > "$work/soup.json"
+    echo "classify_recipe: soup: $(cat "$work/soup.json")" >&2
+    best=$work/soup
+  fi
+fi
 train_s=$(python3 -c "import time; print(round(time.time() - $start, 1))")
 
 # TEST, once, with the chosen model; and once more at temperature 1 for ece_before.
@@ -163,23 +179,37 @@ PY
 "${run[@]}" "$bin" eval-task --model "$uncal" --data "$test" --task classify --precision "$precision" \
   --threads 1 --batch 16 --json > "$work/test_eval_uncalibrated.json"
 
-python3 - "$work" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init_round0" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" "$adapt_chosen" "$adapt_losses" <<'PY'
+if [[ $single != "$best" ]]; then
+  "${run[@]}" "$bin" eval-task --model "$single" --data "$test" --task classify --precision "$precision" \
+    --threads 1 --batch 16 --json > "$work/test_eval_single.json"
+fi
+
+python3 - "$work" "$single" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init_round0" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" "$adapt_chosen" "$adapt_losses" <<'PY'
 import json, sys
-work, best, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt, adapt_lr, adapt_losses = sys.argv[1:]
+work, best, model, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt, adapt_lr, adapt_losses = sys.argv[1:]
 ev = json.load(open(f"{work}/test_eval.json"))
 un = json.load(open(f"{work}/test_eval_uncalibrated.json"))
 tr = json.load(open(f"{best}.json"))
 cfg = json.load(open(f"{best}/config.json"))
+soup = None
+if model != best:
+    sj = json.load(open(f"{work}/soup.json"))
+    single = json.load(open(f"{work}/test_eval_single.json"))
+    soup = {"models": sj["models"], "kept": sj["kept"], "dev_accuracy": sj["dev_accuracy"],
+            "temperature": sj["temperature"], "dev_ece_before": sj["ece_before"], "dev_ece": sj["ece_after"],
+            "single_test_accuracy": single["accuracy"], "single_dev_accuracy": tr["dev_accuracy"]}
 print(json.dumps({
     "accuracy": ev["accuracy"], "macro_f1": ev["macro_f1"], "ece_before": un["ece"], "ece": ev["ece"],
     "input_tok_s": ev["tokens_per_s"], "params": tr["params"], "train_s": float(train_s),
-    "recipe": {"model": best, "init": init or None, "pretrain": pretrain.split() or None,
+    "recipe": {"model": model, "soup": soup, "init": init or None, "pretrain": pretrain.split() or None,
                "adapt": {"steps": int(adapt_steps), "files": adapt.split(), "lr": float(adapt_lr),
                          "heldout_loss": {k: float(v) for k, v in (x.split(":") for x in adapt_losses.split())}}
                         if int(adapt_steps) > 0 and adapt_lr else None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
                "chosen": {"lr": float(best.rsplit("/", 1)[1].split("_")[0][2:]), "pooling": cfg["classifier_pooling"]},
                "steps": int(steps), "epochs": float(epochs), "best_step": tr["best_step"],
-               "dev_accuracy": tr["dev_accuracy"], "dev_ece_before": tr["ece_before"], "dev_ece": tr["ece_after"],
-               "temperature": tr["temperature"], "label_smoothing": 0.1, "weight_decay": 0.1,
+               "dev_accuracy": soup["dev_accuracy"] if soup else tr["dev_accuracy"],
+               "dev_ece_before": soup["dev_ece_before"] if soup else tr["ece_before"],
+               "dev_ece": soup["dev_ece"] if soup else tr["ece_after"],
+               "temperature": soup["temperature"] if soup else tr["temperature"], "label_smoothing": 0.1, "weight_decay": 0.1,
                "vocab": cfg["vocab_size"], "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"]}}))
 PY

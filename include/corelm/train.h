@@ -459,6 +459,64 @@ struct ClassifyFinish {
 ClassifyFinish finish_classifier(model::Decoder& model, const ClassifyObjective& objective,
                                  const std::vector<ClassifyRecord>& dev, const std::string& out_dir, TokenId pad_id);
 
+// ---- weight averaging: model soups (src/train/soup.cc; `corelm merge`; docs/TRAINING.md) ----
+//
+// Models fine-tuned from one initialisation (the points of a learning-rate grid) usually sit in
+// one basin of the loss, so the element-wise mean of their weights is a model as fast as each of
+// them and often better than the best one (Wortsman et al. 2022, "Model soups").
+
+enum class SoupMethod { kUniform, kGreedy };
+SoupMethod parse_soup_method(const std::string& name);  // "uniform" | "greedy"; ValueError naming --method
+const std::vector<std::string>& soup_method_names();
+
+// The element-wise mean of the models' parameters, as a decoder of their config (its
+// classifier_temperature reset to 1). ValueError naming the model (`names[i]`) whose config
+// differs from the first's (anything but classifier_temperature) or when fewer than two are given.
+model::Decoder average_decoders(const std::vector<const model::Decoder*>& models, const std::vector<std::string>& names);
+
+struct SoupIngredient {
+  std::string name;
+  double dev_accuracy = 0, dev_loss = 0;  // the model alone, at its own temperature 1
+  bool kept = false;                      // in the soup
+};
+struct SoupResult {
+  std::vector<SoupIngredient> ingredients;  // by dev accuracy, best first (ties: lower loss): the greedy order
+  double dev_accuracy = 0, dev_loss = 0;    // the soup's, at T = 1
+  double temperature = 1, ece_before = 0, ece_after = 0;  // fitted on dev, as finish_classifier
+};
+// A classification soup scored on `dev`: kUniform averages every model; kGreedy starts from the
+// best model on dev and adds the others in that order, each only when the soup's dev accuracy
+// does not fall (so the soup never scores below its best ingredient on dev). The soup's
+// temperature is fitted on dev and written into its config. ValueError when a model has no head
+// or the heads' labels differ, or when dev is empty.
+struct Soup {
+  model::Decoder decoder;
+  SoupResult result;
+};
+Soup classifier_soup(const std::vector<const model::Decoder*>& models, const std::vector<std::string>& names,
+                     const std::vector<ClassifyRecord>& dev, TokenId pad_id, SoupMethod method);
+
+// `corelm merge`: model directories (config.json, model.safetensors, tokenizer.json) averaged
+// into OUT. With `dev` (labelled JSONL, the head's labels and template) the soup is scored and
+// calibrated there (classifier_soup; default method greedy); without it every model is averaged
+// (method uniform; greedy needs dev). The tokenizer.json files must be byte-identical (ValueError
+// naming the first that differs); OUT gets the first one's. OUT is written as save_model_dir does.
+struct MergeOptions {
+  std::vector<std::string> models;
+  std::string out;
+  std::optional<SoupMethod> method;  // unset: greedy with dev, uniform without
+  std::string dev;                   // "" : no scoring
+  std::string text_field = "text", label_field = "label";
+  int64_t max_tokens = 128;  // prompt tokens per dev record (train --seq)
+};
+struct MergeReport {
+  SoupMethod method = SoupMethod::kUniform;
+  bool scored = false;  // dev given: `soup` holds the scores
+  SoupResult soup;      // unscored: ingredients in the given order, all kept
+  int64_t parameters = 0;
+};
+MergeReport merge_model_dirs(const MergeOptions& options);
+
 // ---- corelm eval ----
 
 struct EvalOptions {

@@ -213,5 +213,44 @@ TEST_F(PosttrainFaultTest, HeadModelGivenToLanguageModelTrainingIsRefused) {
   EXPECT_NE(r.err.find("has a classification head (2 labels); language-model training"), std::string::npos) << r.err;
 }
 
+// corelm merge through the binary: two rounds from one head model average into a head model that
+// eval-task runs; a second tokenizer, a head-less model with --dev, greedy without --dev and a
+// single model are refused with the reason.
+TEST_F(PosttrainFaultTest, MergeAveragesHeadsAndRefusesWhatCannotAverage) {
+  const std::string model = head_model();
+  auto args = train_args(path("train.jsonl"), path("round2"));
+  args.insert(args.end(), {"--init", model, "--dev", path("dev.jsonl"), "--lr", "1e-3"});
+  args.erase(args.begin() + 5, args.begin() + 7);  // no --config with --init
+  ASSERT_EQ(run_corelm(args, opts()).rc, 0);
+  const CliResult m = run_corelm({"merge", model, path("round2"), "--dev", path("dev.jsonl"), "--max-tokens", "16",
+                                  "--out", path("soup"), "--json"},
+                                 opts());
+  ASSERT_EQ(m.rc, 0) << m.all();
+  const auto j = nlohmann::json::parse(m.out);
+  EXPECT_EQ(j.at("method"), "greedy");
+  EXPECT_EQ(j.at("models").size(), 2u);
+  EXPECT_GE(j.at("kept").get<int>(), 1);
+  EXPECT_GT(j.at("temperature").get<double>(), 0);
+  write_text(path("in.jsonl"), records(5, 6));
+  const CliResult ev = run_corelm({"eval-task", "--model", path("soup"), "--data", path("in.jsonl"), "--json"}, opts());
+  EXPECT_EQ(ev.rc, 0) << ev.all();
+
+  const CliResult one = run_corelm({"merge", model, "--out", path("x")}, opts());
+  EXPECT_NE(one.rc, 0);
+  const CliResult greedy = run_corelm({"merge", model, path("round2"), "--method", "greedy", "--out", path("x")}, opts());
+  EXPECT_EQ(greedy.rc, 1) << greedy.all();
+  EXPECT_NE(greedy.err.find("give --dev DEV.jsonl"), std::string::npos) << greedy.err;
+  // A model trained with its own tokenizer (the default: a BPE of the records' text, here of others).
+  std::string other = records(120, 9);
+  for (size_t at; (at = other.find("apple")) != std::string::npos;) other.replace(at, 5, "plum");
+  for (size_t at; (at = other.find("ocean")) != std::string::npos;) other.replace(at, 5, "cloud");
+  write_text(path("other.jsonl"), other);
+  ASSERT_EQ(run_corelm(train_args(path("other.jsonl"), path("other")), opts()).rc, 0);
+  const CliResult tok = run_corelm({"merge", model, path("other"), "--out", path("x")}, opts());
+  EXPECT_EQ(tok.rc, 1) << tok.all();
+  EXPECT_NE(tok.err.find("other/tokenizer.json differs from"), std::string::npos) << tok.err;
+  EXPECT_FALSE(fs::exists(path("x")));
+}
+
 }  // namespace
 }  // namespace corelm::testing

@@ -1,12 +1,13 @@
 // The classification head: config.json fields (HF id2label / label2id), the score.weight tensor
 // through save/load, records and their errors, stratified splits, pooling, label smoothing,
 // temperature scaling, and train() with the classify objective (learning, best-checkpoint
-// selection, bit-identical resume).
+// selection, bit-identical resume), and weight averaging of heads (`corelm merge`).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "common/model_factories.h"
@@ -473,6 +474,157 @@ TEST(ClassifySampler, EpochsVisitEveryRecordOnceAndBalancedDrawsEvenClasses) {
   for (int b = 0; b < 40; ++b)
     for (int64_t y : balanced.next(10, 0).targets.to_int_vector()) minority += y == 1;
   EXPECT_NEAR(minority / 400.0, 0.5, 0.08);
+}
+
+// ---- weight averaging (`corelm merge`, src/train/soup.cc): the mean is element-wise, configs and
+// tokenizers must match, the greedy soup never scores below its best ingredient on dev and leaves
+// out a model that hurts, and model directories round-trip with a fitted temperature.
+
+TEST(Soup, AverageIsTheElementwiseMeanAtTemperatureOne) {
+  model::ModelConfig c = head_config({"A", "B", "C"}, "mean");
+  c.classifier_temperature = 2.5;
+  model::Decoder a(c), b(c);
+  a.init_weights(1);
+  b.init_weights(2);
+  const model::Decoder m = average_decoders({&a, &b}, {"a", "b"});
+  EXPECT_DOUBLE_EQ(m.config().classifier_temperature, 1.0);
+  ASSERT_EQ(m.named_parameters().size(), a.named_parameters().size());
+  for (size_t p = 0; p < a.named_parameters().size(); ++p) {
+    const auto x = floats(a.named_parameters()[p].second), y = floats(b.named_parameters()[p].second);
+    const auto z = floats(m.named_parameters()[p].second);
+    ASSERT_EQ(z.size(), x.size()) << a.named_parameters()[p].first;
+    for (size_t k = 0; k < z.size(); ++k) ASSERT_FLOAT_EQ(z[k], (x[k] + y[k]) / 2) << a.named_parameters()[p].first;
+  }
+}
+
+TEST(Soup, RefusesOtherConfigsNamingTheModelAndTheField) {
+  model::Decoder a(head_config({"A", "B"}));
+  model::ModelConfig other = head_config({"A", "B"});
+  other.intermediate_size *= 2;
+  model::Decoder b(other), c(head_config({"A", "X"}));
+  std::string e = error_of([&] { average_decoders({&a, &b}, {"dirA", "dirB"}); });
+  EXPECT_NE(e.find("dirB"), std::string::npos) << e;
+  EXPECT_NE(e.find("intermediate_size"), std::string::npos) << e;
+  e = error_of([&] { average_decoders({&a, &c}, {"dirA", "dirC"}); });
+  EXPECT_NE(e.find("dirC"), std::string::npos) << e;
+  e = error_of([&] { average_decoders({&a}, {"dirA"}); });
+  EXPECT_NE(e.find("at least two"), std::string::npos) << e;
+}
+
+// A head trained on the toy classes (toy_run's data), its best dev evaluation restored.
+struct Trained {
+  ToyRun run;
+  std::unique_ptr<model::Decoder> model;
+};
+
+Trained trained(const std::string& name) {
+  Trained t{toy_run(name), std::make_unique<model::Decoder>(head_config({"RED", "BLUE"}, "mean"))};
+  t.model->init_weights(1);
+  ClassifyObjective obj(t.run.dev, ClassifyTrainOptions{});
+  ClassifySampler sampler(t.run.train, 2, false, 0, 7);
+  TrainOptions o = toy_options(t.run.dir / "run", 30);
+  o.eval_every = 10;
+  o.objective = &obj;
+  train(*t.model, sampler, nullptr, nullptr, (t.run.dir / "tokenizer.json").string(), o);
+  obj.restore_best(*t.model);
+  return t;
+}
+
+// A copy of `m` with its head replaced by `factor` x the head (everything else shared by value).
+model::Decoder with_head_scaled(const model::Decoder& m, float factor, float noise_seed = 0) {
+  model::Decoder out(m.config());
+  for (const auto& [name, t] : m.named_parameters()) out.load_parameter(name, t);
+  autograd::NoGradGuard no_grad;
+  Tensor w = m.classifier_weight().clone();
+  if (noise_seed != 0) {
+    Generator g(static_cast<uint64_t>(noise_seed));
+    w = ops::add(w, Tensor::randn(w.shape(), g, 0.01f));
+  }
+  out.load_parameter("score.weight", ops::scale(w, factor));
+  return out;
+}
+
+TEST(Soup, GreedyLeavesOutAModelThatHurtsAndNeverFallsBelowItsBest) {
+  Trained t = trained("greedy");
+  std::vector<int64_t> labels;
+  for (const auto& r : t.run.dev) labels.push_back(r.label);
+  const double best_alone = calibration_stats(classify_logits(*t.model, t.run.dev, 0), labels, 1.0).accuracy;
+  ASSERT_GE(best_alone, 0.9);
+  // A near-copy (a little noise on the head) and a poison: the head flipped and tripled, so any
+  // average that takes it in has a flipped head.
+  const model::Decoder twin = with_head_scaled(*t.model, 1.0f, 5);
+  const model::Decoder poison = with_head_scaled(*t.model, -3.0f);
+  const std::vector<const model::Decoder*> models{&poison, t.model.get(), &twin};
+  const std::vector<std::string> names{"poison", "good", "twin"};
+
+  const Soup greedy = classifier_soup(models, names, t.run.dev, 0, SoupMethod::kGreedy);
+  ASSERT_EQ(greedy.result.ingredients.size(), 3u);
+  EXPECT_EQ(greedy.result.ingredients.back().name, "poison");  // the worst alone is tried last
+  EXPECT_FALSE(greedy.result.ingredients.back().kept);
+  EXPECT_TRUE(greedy.result.ingredients[0].kept);
+  EXPECT_TRUE(greedy.result.ingredients[1].kept);
+  EXPECT_GE(greedy.result.dev_accuracy, best_alone);
+  EXPECT_LT(greedy.result.ingredients.back().dev_accuracy, 0.5);
+  // The decoder is the soup the result describes, with the fitted temperature in its config.
+  EXPECT_GT(greedy.result.temperature, 0);
+  EXPECT_DOUBLE_EQ(greedy.decoder.config().classifier_temperature, greedy.result.temperature);
+  EXPECT_DOUBLE_EQ(calibration_stats(classify_logits(greedy.decoder, t.run.dev, 0), labels, 1.0).accuracy,
+                   greedy.result.dev_accuracy);
+  // The uniform soup takes the poison in and its head flips.
+  const Soup uniform = classifier_soup(models, names, t.run.dev, 0, SoupMethod::kUniform);
+  for (const auto& g : uniform.result.ingredients) EXPECT_TRUE(g.kept);
+  EXPECT_LT(uniform.result.dev_accuracy, 0.5);
+  fs::remove_all(t.run.dir);
+}
+
+TEST(Merge, ModelDirectoriesRoundTripAndBadInputsAreNamed) {
+  Trained t = trained("dirs");
+  const model::Decoder twin = with_head_scaled(*t.model, 1.0f, 9);
+  for (const auto& [name, m] : std::vector<std::pair<std::string, const model::Decoder*>>{{"a", t.model.get()},
+                                                                                          {"b", &twin}}) {
+    model::save_model_dir((t.run.dir / name).string(), *m);
+    fs::copy_file(t.run.dir / "tokenizer.json", t.run.dir / name / "tokenizer.json");
+  }
+  MergeOptions o;
+  o.models = {(t.run.dir / "a").string(), (t.run.dir / "b").string()};
+  o.out = (t.run.dir / "soup").string();
+  o.dev = (t.run.dir / "dev.jsonl").string();
+  const MergeReport r = merge_model_dirs(o);
+  EXPECT_TRUE(r.scored);
+  EXPECT_EQ(r.method, SoupMethod::kGreedy);
+  const model::LoadedModel m = model::load_model_dir(o.out);
+  EXPECT_DOUBLE_EQ(m.decoder.config().classifier_temperature, r.soup.temperature);
+  std::vector<int64_t> labels;
+  for (const auto& rec : t.run.dev) labels.push_back(rec.label);
+  EXPECT_DOUBLE_EQ(calibration_stats(classify_logits(m.decoder, t.run.dev, 0), labels, 1.0).accuracy,
+                   r.soup.dev_accuracy);
+  EXPECT_EQ(m.tokenizer->vocab_size(), t.run.tok->vocab_size());
+
+  // Without --dev: the plain mean, every model kept; greedy needs a dev set.
+  o.dev.clear();
+  o.out = (t.run.dir / "mean").string();
+  EXPECT_EQ(merge_model_dirs(o).method, SoupMethod::kUniform);
+  o.method = SoupMethod::kGreedy;
+  EXPECT_NE(error_of([&] { merge_model_dirs(o); }).find("--dev"), std::string::npos);
+  o.method.reset();
+
+  // Another tokenizer: refused, naming the directory.
+  std::string other = "x";
+  {
+    std::ifstream in(t.run.dir / "tokenizer.json");
+    other = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  write_text(t.run.dir / "b" / "tokenizer.json", other + " ");
+  std::string e = error_of([&] { merge_model_dirs(o); });
+  EXPECT_NE(e.find((t.run.dir / "b").string() + "/tokenizer.json differs"), std::string::npos) << e;
+  // A dev label outside the head's labels: the record's file and line.
+  fs::copy_file(t.run.dir / "tokenizer.json", t.run.dir / "b" / "tokenizer.json", fs::copy_options::overwrite_existing);
+  write_text(t.run.dir / "bad.jsonl", "{\"text\": \"red rose\", \"label\": \"RED\"}\n{\"text\": \"sky\", \"label\": \"GREEN\"}\n");
+  o.dev = (t.run.dir / "bad.jsonl").string();
+  e = error_of([&] { merge_model_dirs(o); });
+  EXPECT_NE(e.find("bad.jsonl:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("GREEN"), std::string::npos) << e;
+  fs::remove_all(t.run.dir);
 }
 
 }  // namespace

@@ -1,0 +1,221 @@
+// Weight averaging ("model soups"): the element-wise mean of models fine-tuned from one
+// initialisation, and the greedy soup that adds a model only when the dev accuracy does not fall.
+// The dev scoring is the head's own (classify_logits, calibration_stats, fit_temperature).
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "corelm/autograd.h"
+#include "corelm/error.h"
+#include "corelm/model_dir.h"
+#include "corelm/safetensors.h"
+#include "corelm/train.h"
+
+namespace corelm::train {
+namespace {
+
+// The config with the one field averaging may change set aside, for comparing two models.
+nlohmann::json comparable(const model::ModelConfig& c) {
+  model::ModelConfig k = c;
+  k.classifier_temperature = 1.0;
+  return k.to_json();
+}
+
+// The first differing top-level field of two configs, for the error.
+std::string first_difference(const nlohmann::json& a, const nlohmann::json& b) {
+  for (const auto& [key, value] : a.items())
+    if (!b.contains(key) || b.at(key) != value) return key;
+  for (const auto& [key, value] : b.items())
+    if (!a.contains(key)) return key;
+  return "(none)";
+}
+
+void check_same(const std::vector<const model::Decoder*>& models, const std::vector<std::string>& names) {
+  CORELM_CHECK(models.size() == names.size(), ValueError, "merge: ", models.size(), " models but ", names.size(),
+               " names");
+  CORELM_CHECK(!models.empty(), ValueError, "merge: no models");
+  const nlohmann::json first = comparable(models[0]->config());
+  for (size_t i = 1; i < models.size(); ++i) {
+    const nlohmann::json other = comparable(models[i]->config());
+    CORELM_CHECK(other == first, ValueError, "merge: ", names[i], " has another config than ", names[0], " (field '",
+                 first_difference(first, other), "'); only models of one architecture, vocabulary and head average");
+  }
+}
+
+// Mean of the models at `members` (one or more), as a decoder of `config`.
+model::Decoder mean_of(const std::vector<const model::Decoder*>& models, const std::vector<size_t>& members,
+                       const model::ModelConfig& config) {
+  autograd::NoGradGuard no_grad;
+  model::Decoder out(config);
+  const auto& ref = models[members[0]]->named_parameters();
+  const double n = static_cast<double>(members.size());
+  for (size_t p = 0; p < ref.size(); ++p) {
+    const int64_t count = ref[p].second.numel();
+    std::vector<double> sum(static_cast<size_t>(count), 0.0);
+    for (size_t m : members) {
+      const auto& named = models[m]->named_parameters()[p];
+      CORELM_CHECK(named.first == ref[p].first && named.second.shape() == ref[p].second.shape(), ValueError,
+                   "merge: parameter ", p, " is '", named.first, "' in one model and '", ref[p].first, "' in another");
+      const Tensor c = named.second.contiguous();
+      const float* x = c.data<float>();
+      for (int64_t k = 0; k < count; ++k) sum[static_cast<size_t>(k)] += x[k];
+    }
+    std::vector<float> mean(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) mean[static_cast<size_t>(k)] = static_cast<float>(sum[static_cast<size_t>(k)] / n);
+    out.load_parameter(ref[p].first, Tensor::from_vector(mean, ref[p].second.shape()));
+  }
+  return out;
+}
+
+CalibrationStats dev_stats(const model::Decoder& m, const std::vector<ClassifyRecord>& dev, TokenId pad_id,
+                           const std::vector<int64_t>& labels) {
+  return calibration_stats(classify_logits(m, dev, pad_id), labels, 1.0);
+}
+
+}  // namespace
+
+SoupMethod parse_soup_method(const std::string& name) {
+  if (name == "uniform") return SoupMethod::kUniform;
+  if (name == "greedy") return SoupMethod::kGreedy;
+  throw ValueError("--method must be uniform or greedy, got '" + name + "'");
+}
+
+const std::vector<std::string>& soup_method_names() {
+  static const std::vector<std::string> names{"uniform", "greedy"};
+  return names;
+}
+
+model::Decoder average_decoders(const std::vector<const model::Decoder*>& models,
+                                const std::vector<std::string>& names) {
+  CORELM_CHECK(models.size() >= 2, ValueError, "merge: give at least two models to average, got ", models.size());
+  check_same(models, names);
+  model::ModelConfig config = models[0]->config();
+  config.classifier_temperature = 1.0;
+  std::vector<size_t> all(models.size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  return mean_of(models, all, config);
+}
+
+Soup classifier_soup(const std::vector<const model::Decoder*>& models, const std::vector<std::string>& names,
+                     const std::vector<ClassifyRecord>& dev, TokenId pad_id, SoupMethod method) {
+  CORELM_CHECK(models.size() >= 2, ValueError, "merge: give at least two models to average, got ", models.size());
+  for (size_t i = 0; i < models.size(); ++i)
+    CORELM_CHECK(models[i]->config().has_classifier(), ValueError, "merge --dev: ", names[i],
+                 " has no classification head (score.weight); --dev scores heads only");
+  check_same(models, names);
+  CORELM_CHECK(!dev.empty(), ValueError, "merge: the dev records are empty");
+  std::vector<int64_t> labels;
+  for (const auto& r : dev) labels.push_back(r.label);
+
+  SoupResult res;
+  std::vector<CalibrationStats> alone;
+  for (const model::Decoder* m : models) alone.push_back(dev_stats(*m, dev, pad_id, labels));
+  std::vector<size_t> order(models.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (alone[a].accuracy != alone[b].accuracy) return alone[a].accuracy > alone[b].accuracy;
+    return alone[a].nll < alone[b].nll;
+  });
+
+  model::ModelConfig config = models[0]->config();
+  config.classifier_temperature = 1.0;
+  std::vector<size_t> members;
+  CalibrationStats current;
+  if (method == SoupMethod::kUniform) {
+    members = order;
+    current = dev_stats(mean_of(models, members, config), dev, pad_id, labels);
+  } else {
+    members = {order[0]};
+    current = alone[order[0]];
+    for (size_t k = 1; k < order.size(); ++k) {
+      std::vector<size_t> candidate = members;
+      candidate.push_back(order[k]);
+      const CalibrationStats s = dev_stats(mean_of(models, candidate, config), dev, pad_id, labels);
+      if (s.accuracy >= current.accuracy) {
+        members = std::move(candidate);
+        current = s;
+      }
+    }
+  }
+  for (size_t i : order) {
+    SoupIngredient g;
+    g.name = names[i];
+    g.dev_accuracy = alone[i].accuracy;
+    g.dev_loss = alone[i].nll;
+    g.kept = std::find(members.begin(), members.end(), i) != members.end();
+    res.ingredients.push_back(g);
+  }
+  // The temperature from the soup's own dev logits, then the final decoder carries it.
+  const model::Decoder plain = mean_of(models, members, config);
+  const std::vector<std::vector<float>> logits = classify_logits(plain, dev, pad_id);
+  res.dev_accuracy = current.accuracy;
+  res.dev_loss = current.nll;
+  res.temperature = fit_temperature(logits, labels);
+  res.ece_before = calibration_stats(logits, labels, 1.0).ece;
+  res.ece_after = calibration_stats(logits, labels, res.temperature).ece;
+  config.classifier_temperature = res.temperature;
+  return Soup{mean_of(models, members, config), std::move(res)};
+}
+
+MergeReport merge_model_dirs(const MergeOptions& o) {
+  namespace fs = std::filesystem;
+  CORELM_CHECK(o.models.size() >= 2, ValueError, "merge: give at least two model directories, got ", o.models.size());
+  CORELM_CHECK(!o.out.empty(), ValueError, "merge: --out is required");
+  MergeReport report;
+  report.scored = !o.dev.empty();
+  report.method = o.method.value_or(report.scored ? SoupMethod::kGreedy : SoupMethod::kUniform);
+  CORELM_CHECK(report.scored || report.method == SoupMethod::kUniform, ValueError,
+               "merge: --method greedy chooses the models on a dev set; give --dev DEV.jsonl (or --method uniform)");
+  // The vocabulary must be one: averaged embeddings of two tokenizers would be noise.
+  auto read_all = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    CORELM_CHECK(in.good(), IOError, p.string(), ": cannot read (a corelm model directory holds tokenizer.json)");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::string tokenizer_json = read_all(fs::path(o.models[0]) / "tokenizer.json");
+  for (size_t i = 1; i < o.models.size(); ++i)
+    CORELM_CHECK(read_all(fs::path(o.models[i]) / "tokenizer.json") == tokenizer_json, ValueError, "merge: ",
+                 o.models[i], "/tokenizer.json differs from ", o.models[0],
+                 "/tokenizer.json; only models of one tokenizer average");
+
+  std::vector<model::LoadedModel> loaded;
+  loaded.reserve(o.models.size());
+  for (const auto& dir : o.models) loaded.push_back(model::load_model_dir(dir));
+  std::vector<const model::Decoder*> models;
+  for (const auto& m : loaded) models.push_back(&m.decoder);
+
+  std::optional<model::Decoder> merged;
+  if (report.scored) {
+    const model::ModelConfig& c = models[0]->config();
+    CORELM_CHECK(c.has_classifier(), ValueError, "merge --dev: ", o.models[0],
+                 " has no classification head (score.weight); --dev scores heads only");
+    ClassifyDataOptions d;
+    d.labels = c.labels;
+    d.text_field = o.text_field;
+    d.label_field = o.label_field;
+    d.template_text = c.classifier_template.empty() ? "{text}" : c.classifier_template;
+    CORELM_CHECK(o.max_tokens >= 1, ValueError, "merge: --max-tokens must be positive, got ", o.max_tokens);
+    d.max_tokens = std::min<int64_t>(o.max_tokens, c.max_position_embeddings);
+    const Tokenizer& tok = *loaded[0].tokenizer;
+    const std::vector<ClassifyRecord> dev = load_classify_records(o.dev, tok, d);
+    const TokenId pad = c.pad_token_id >= 0 ? static_cast<TokenId>(c.pad_token_id)
+                                            : tok.pad_id().value_or(tok.eos_id().value_or(0));
+    Soup soup = classifier_soup(models, o.models, dev, pad, report.method);
+    report.soup = std::move(soup.result);
+    merged.emplace(std::move(soup.decoder));
+  } else {
+    merged.emplace(average_decoders(models, o.models));
+    for (const auto& dir : o.models) report.soup.ingredients.push_back({dir, 0, 0, true});
+  }
+  report.parameters = merged->config().num_parameters(true);
+  loaded.clear();
+  model::save_model_dir(o.out, *merged);
+  io::write_file_atomic((fs::path(o.out) / "tokenizer.json").string(), tokenizer_json);
+  return report;
+}
+
+}  // namespace corelm::train
