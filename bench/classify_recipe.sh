@@ -39,11 +39,12 @@
 #   COMPUTE=bf16      training's matrix-product precision (--compute-dtype: bf16 runs the bf16 GEMM
 #                     where the core has it at full rate, else bf16-rounded operands; or f32)
 #   NICE=10           niceness of the training and evaluation runs
-#   SOUP=1            after the grid, average the weights of its points of the chosen pooling
+#   SOUP=1 (default)  after the grid, average the weights of its points of the chosen pooling
 #                     (`corelm merge --method greedy --dev DEV`: best-first, each kept only when DEV
 #                     accuracy does not fall; temperature refitted on DEV) and use that soup in place
 #                     of the best point (it is never worse on DEV). The JSON then also carries the
 #                     best single point's TEST accuracy, as a diagnostic (nothing is chosen on it).
+#                     SOUP=0: the best point alone, as before 2026-12-06.
 #   REUSE=1           keep a grid point already trained in WORK (its OUT.json and model) instead of
 #                     training it again, e.g. to score a grid cut short
 #   PIN=0             the core they are pinned to with taskset (empty: not pinned)
@@ -153,7 +154,7 @@ for lr in $lrs; do
   done
 done
 single=$best
-if [[ ${SOUP:-0} == 1 ]]; then
+if [[ ${SOUP:-1} == 1 ]]; then
   pool_best=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["classifier_pooling"])' "$best/config.json")
   members=()
   for lr in $lrs; do members+=("$work/lr${lr}_$pool_best"); done
