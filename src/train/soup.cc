@@ -3,15 +3,15 @@
 // The dev scoring is the head's own (classify_logits, calibration_stats, fit_temperature).
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
-#include <sstream>
 
 #include "corelm/autograd.h"
 #include "corelm/error.h"
 #include "corelm/model_dir.h"
 #include "corelm/safetensors.h"
 #include "corelm/train.h"
+
+#include "train/checkpoint_internal.h"
 
 namespace corelm::train {
 namespace {
@@ -69,11 +69,6 @@ model::Decoder mean_of(const std::vector<const model::Decoder*>& models, const s
   return out;
 }
 
-CalibrationStats dev_stats(const model::Decoder& m, const std::vector<ClassifyRecord>& dev, TokenId pad_id,
-                           const std::vector<int64_t>& labels) {
-  return calibration_stats(classify_logits(m, dev, pad_id), labels, 1.0);
-}
-
 }  // namespace
 
 SoupMethod parse_soup_method(const std::string& name) {
@@ -110,8 +105,14 @@ Soup classifier_soup(const std::vector<const model::Decoder*>& models, const std
   for (const auto& r : dev) labels.push_back(r.label);
 
   SoupResult res;
+  // Logits do not depend on the temperature (it divides them only when they are turned into
+  // probabilities), so the soup's dev logits, kept from its scoring, also fit its temperature.
+  std::vector<std::vector<std::vector<float>>> alone_logits;
   std::vector<CalibrationStats> alone;
-  for (const model::Decoder* m : models) alone.push_back(dev_stats(*m, dev, pad_id, labels));
+  for (const model::Decoder* m : models) {
+    alone_logits.push_back(classify_logits(*m, dev, pad_id));
+    alone.push_back(calibration_stats(alone_logits.back(), labels, 1.0));
+  }
   std::vector<size_t> order(models.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -122,19 +123,24 @@ Soup classifier_soup(const std::vector<const model::Decoder*>& models, const std
   model::ModelConfig config = models[0]->config();
   config.classifier_temperature = 1.0;
   std::vector<size_t> members;
+  std::vector<std::vector<float>> logits;  // the soup's dev logits
   CalibrationStats current;
   if (method == SoupMethod::kUniform) {
     members = order;
-    current = dev_stats(mean_of(models, members, config), dev, pad_id, labels);
+    logits = classify_logits(mean_of(models, members, config), dev, pad_id);
+    current = calibration_stats(logits, labels, 1.0);
   } else {
     members = {order[0]};
+    logits = alone_logits[order[0]];
     current = alone[order[0]];
     for (size_t k = 1; k < order.size(); ++k) {
       std::vector<size_t> candidate = members;
       candidate.push_back(order[k]);
-      const CalibrationStats s = dev_stats(mean_of(models, candidate, config), dev, pad_id, labels);
+      std::vector<std::vector<float>> z = classify_logits(mean_of(models, candidate, config), dev, pad_id);
+      const CalibrationStats s = calibration_stats(z, labels, 1.0);
       if (s.accuracy >= current.accuracy) {
         members = std::move(candidate);
+        logits = std::move(z);
         current = s;
       }
     }
@@ -147,9 +153,7 @@ Soup classifier_soup(const std::vector<const model::Decoder*>& models, const std
     g.kept = std::find(members.begin(), members.end(), i) != members.end();
     res.ingredients.push_back(g);
   }
-  // The temperature from the soup's own dev logits, then the final decoder carries it.
-  const model::Decoder plain = mean_of(models, members, config);
-  const std::vector<std::vector<float>> logits = classify_logits(plain, dev, pad_id);
+  // The temperature from the soup's dev logits; the one decoder built for it carries it.
   res.dev_accuracy = current.accuracy;
   res.dev_loss = current.nll;
   res.temperature = fit_temperature(logits, labels);
@@ -169,16 +173,10 @@ MergeReport merge_model_dirs(const MergeOptions& o) {
   CORELM_CHECK(report.scored || report.method == SoupMethod::kUniform, ValueError,
                "merge: --method greedy chooses the models on a dev set; give --dev DEV.jsonl (or --method uniform)");
   // The vocabulary must be one: averaged embeddings of two tokenizers would be noise.
-  auto read_all = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    CORELM_CHECK(in.good(), IOError, p.string(), ": cannot read (a corelm model directory holds tokenizer.json)");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
-  const std::string tokenizer_json = read_all(fs::path(o.models[0]) / "tokenizer.json");
+  auto tokenizer_of = [](const std::string& dir) { return detail::read_file((fs::path(dir) / "tokenizer.json").string()); };
+  const std::string tokenizer_json = tokenizer_of(o.models[0]);
   for (size_t i = 1; i < o.models.size(); ++i)
-    CORELM_CHECK(read_all(fs::path(o.models[i]) / "tokenizer.json") == tokenizer_json, ValueError, "merge: ",
+    CORELM_CHECK(tokenizer_of(o.models[i]) == tokenizer_json, ValueError, "merge: ",
                  o.models[i], "/tokenizer.json differs from ", o.models[0],
                  "/tokenizer.json; only models of one tokenizer average");
 
