@@ -21,7 +21,7 @@ struct MergeArgs {
 void run(MergeArgs& a) {
   if (!a.method.empty()) a.opt.method = train::parse_soup_method(a.method);
   const train::MergeReport r = train::merge_model_dirs(a.opt);
-  const std::string method = train::soup_method_names()[r.method == train::SoupMethod::kGreedy ? 1 : 0];
+  const std::string method = train::soup_method_name(r.method);
   int kept = 0;
   for (const auto& g : r.soup.ingredients) kept += g.kept;
   if (a.json) {

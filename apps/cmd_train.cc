@@ -34,7 +34,7 @@ struct TrainArgs {
   bool warmup_given = false, eval_every_given = false;  // else the defaults below (from --steps)
   int threads = 1, sample_tokens = 32;
   uint64_t seed = 0;
-  double lr = 2e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0, time_budget = 0, val_fraction = 0.05;
+  double lr = 2e-3, min_lr_ratio = 0.1, decay_fraction = 0.2, weight_decay = 0.1, clip = 1.0, time_budget = 0, val_fraction = 0.05;
   std::string sample_prompt;
   bool resume = false, no_progress = false;
   std::string loss = "full", compute_dtype = "f32";
@@ -123,6 +123,7 @@ train::TrainOptions train_options(const TrainArgs& a) {
   opt.schedule.lr = a.lr;
   opt.schedule.warmup = a.warmup_given ? a.warmup : std::min<int64_t>(100, a.steps / 10);
   opt.schedule.min_lr_ratio = a.min_lr_ratio;
+  opt.schedule.decay_fraction = a.decay_fraction;
   opt.weight_decay = static_cast<float>(a.weight_decay);
   opt.clip = static_cast<float>(a.clip);
   opt.eval_every = a.eval_every_given ? a.eval_every : std::max<int64_t>(1, a.steps / 10);
@@ -481,6 +482,9 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--min-lr-ratio", a->min_lr_ratio, "final lr / peak lr (cosine, wsd)")->capture_default_str();
   CLI::Option* warmup = c->add_option("--warmup", a->warmup, "warmup steps (default: min(100, steps/10))");
   c->add_option("--schedule", a->schedule, "cosine | wsd | constant")->capture_default_str();
+  c->add_option("--decay-fraction", a->decay_fraction,
+                "wsd: the last fraction of --steps, decayed linearly to lr * min-lr-ratio (the peak holds before it)")
+      ->capture_default_str();
   c->add_option("--weight-decay", a->weight_decay, "AdamW weight decay (not on norms/biases)")->capture_default_str();
   c->add_option("--clip", a->clip, "gradient clipping by global norm (0: off)")->capture_default_str();
   CLI::Option* eval_every =

@@ -467,6 +467,7 @@ ClassifyFinish finish_classifier(model::Decoder& model, const ClassifyObjective&
 
 enum class SoupMethod { kUniform, kGreedy };
 SoupMethod parse_soup_method(const std::string& name);  // "uniform" | "greedy"; ValueError naming --method
+std::string soup_method_name(SoupMethod method);  // the spelling parse_soup_method reads
 const std::vector<std::string>& soup_method_names();
 
 // The element-wise mean of the models' parameters, as a decoder of their config (its

@@ -77,6 +77,8 @@ SoupMethod parse_soup_method(const std::string& name) {
   throw ValueError("--method must be uniform or greedy, got '" + name + "'");
 }
 
+std::string soup_method_name(SoupMethod method) { return method == SoupMethod::kGreedy ? "greedy" : "uniform"; }
+
 const std::vector<std::string>& soup_method_names() {
   static const std::vector<std::string> names{"uniform", "greedy"};
   return names;

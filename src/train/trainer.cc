@@ -195,7 +195,7 @@ void TrainOptions::validate() const {
                "train: --min-lr-ratio must be in [0, 1] (the final learning rate is lr * ratio), got ",
                schedule.min_lr_ratio);
   CORELM_CHECK(finite_in(schedule.decay_fraction, 0, 1), ValueError,
-               "train: the wsd decay fraction must be in [0, 1], got ", schedule.decay_fraction);
+               "train: --decay-fraction must be in [0, 1] (the fraction of --steps the wsd schedule decays over), got ", schedule.decay_fraction);
   CORELM_CHECK(finite_in(weight_decay, 0, 1e6), ValueError, "train: --weight-decay must be >= 0, got ", weight_decay);
   CORELM_CHECK(finite_in(beta1, 0, 1) && beta1 < 1, ValueError, "train: AdamW beta1 must be in [0, 1), got ", beta1);
   CORELM_CHECK(finite_in(beta2, 0, 1) && beta2 < 1, ValueError, "train: AdamW beta2 must be in [0, 1), got ", beta2);

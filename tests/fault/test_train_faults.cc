@@ -228,6 +228,47 @@ TEST_F(TrainFaults, KeepCheckpointsPrunes) {
   EXPECT_EQ(corelm::train::checkpoint_steps(d / "keep"), (std::vector<int64_t>{4, 5, 6}));
 }
 
+// Warmup-stable-decay lets a run grow: a checkpoint taken before the decay starts resumes into a
+// longer --steps and reaches the weights of a run planned that long from the start, bit for bit
+// (the stable phase does not depend on the total), with the decay over the longer run's tail.
+TEST_F(TrainFaults, WsdStableCheckpointResumesIntoALongerRun) {
+  ScratchDir d("train_faults_wsd");
+  const std::vector<std::string> wsd = {"--schedule", "wsd", "--decay-fraction", "0.25", "--warmup", "1",
+                                        "--min-lr-ratio", "0.1"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), wsd.begin(), wsd.end());
+    return extra;
+  };
+  const CliResult whole = run_corelm(args(d / "whole", 12, with({})), quick());
+  ASSERT_EQ(whole.rc, 0) << whole.all();
+  // Planned for 8 steps (decay from step 6), stopped at 4: still on the plateau.
+  const CliResult part = run_corelm(args(d / "grow", 8, with({"--stop-at", "4"})), quick());
+  ASSERT_EQ(part.rc, 0) << part.all();
+  ASSERT_EQ(committed_step(d / "grow"), 4);
+  const CliResult grown = run_corelm(args(d / "grow", 12, with({"--resume"})), quick());
+  ASSERT_EQ(grown.rc, 0) << grown.all();
+  EXPECT_EQ(committed_step(d / "grow"), 12);
+  EXPECT_EQ(slurp(d / "grow/model.safetensors"), slurp(d / "whole/model.safetensors"));
+  std::vector<double> lr;
+  std::ifstream log(d / "whole/train_log.jsonl");
+  for (std::string line; std::getline(log, line);) lr.push_back(nlohmann::json::parse(line).at("lr").get<double>());
+  ASSERT_EQ(lr.size(), 12u);
+  for (size_t i = 0; i < 9; ++i) EXPECT_DOUBLE_EQ(lr[i], lr[0]) << "step " << i + 1 << " is on the plateau";
+  EXPECT_LT(lr[9], lr[8]);
+  EXPECT_LT(lr[10], lr[9]);
+  EXPECT_NEAR(lr[11], 0.1 * lr[0], 1e-12 * lr[0]);
+  // The flag reaches the schedule: another fraction moves the decay.
+  const CliResult half = run_corelm(args(d / "half", 12, {"--schedule", "wsd", "--decay-fraction", "0.5", "--warmup", "1"}),
+                                    quick());
+  ASSERT_EQ(half.rc, 0) << half.all();
+  std::ifstream hlog(d / "half/train_log.jsonl");
+  std::vector<double> hlr;
+  for (std::string line; std::getline(hlog, line);) hlr.push_back(nlohmann::json::parse(line).at("lr").get<double>());
+  ASSERT_EQ(hlr.size(), 12u);
+  EXPECT_DOUBLE_EQ(hlr[5], hlr[0]);
+  EXPECT_LT(hlr[6], hlr[5]);
+}
+
 TEST_F(TrainFaults, DivergenceIsAnErrorAndSavesNothing) {
   ScratchDir d("train_faults_lr");
   const std::string out = d / "lr";
@@ -250,6 +291,7 @@ TEST_F(TrainFaults, OutOfRangeOptionsAreRefusedNamingTheOption) {
   const std::string out = d / "o";
   for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
            {"--warmup", "-3"}, {"--clip", "-1"}, {"--time-budget", "-1"}, {"--min-lr-ratio", "-1"},
+           {"--decay-fraction", "1.5"},
            {"--val-fraction", "1.5"}, {"--keep-checkpoints", "0"}, {"--eval-every", "-2"}, {"--lr", "0"}}) {
     const CliResult r = run_corelm(args(out, 4, {option, value}), quick());
     EXPECT_EQ(r.rc, 1) << option << " " << value << ": " << r.all();

@@ -497,6 +497,12 @@ TEST(Soup, AverageIsTheElementwiseMeanAtTemperatureOne) {
   }
 }
 
+TEST(Soup, MethodNamesRoundTrip) {
+  for (const std::string& name : soup_method_names()) EXPECT_EQ(soup_method_name(parse_soup_method(name)), name);
+  EXPECT_EQ(soup_method_name(SoupMethod::kGreedy), "greedy");
+  EXPECT_NE(error_of([] { parse_soup_method("mean"); }).find("--method"), std::string::npos);
+}
+
 TEST(Soup, RefusesOtherConfigsNamingTheModelAndTheField) {
   model::Decoder a(head_config({"A", "B"}));
   model::ModelConfig other = head_config({"A", "B"});
