@@ -10,7 +10,16 @@
 # THREADS (1), COMPUTE (bf16: the measured bf16 GEMM where the core runs it at full rate, else
 # bf16-rounded operands on the fp32 GEMM; or f32), NICE (10), PNG (docs/img/pretrain_tiny_loss.png), INIT (a model dir to continue
 # from, e.g. a previous run), RANKS (1: data-parallel MPI ranks, one per core, `mpirun --bind-to
-# core`; BATCH is per rank, so the global batch is RANKS x BATCH).
+# core`; BATCH is per rank, so the global batch is RANKS x BATCH), SEED (0: weights and data order;
+# give a continuation another seed so it draws other windows), SCHEDULE (cosine, or wsd: the peak
+# until the last DECAY fraction of the steps (0.2), then a linear decay), STOP_AT (stop and
+# checkpoint after this step, keeping the schedule of STEPS), RESUME (1: continue RUN's own
+# checkpoint with `--resume` instead of starting over; needs STEPS, which may be larger than the
+# run was planned for). A body that grows across sessions: SCHEDULE=wsd with STOP_AT at the decay's
+# start keeps a plateau checkpoint (copy RUN somewhere that survives the machine); RESUME=1 with a
+# larger STEPS later continues it exactly as if that length had been planned, and RESUME=1 with
+# the same STEPS runs the decay that gives the model to use (docs/TRAINING.md). WARMUP: warmup steps
+# (STEPS / 20 + 1). SAVE_EVERY: checkpoint interval in steps (STEPS / 4 + 1).
 # The number of steps is chosen so the cosine schedule ends with the budget: a 10-step probe
 # measures tokens/s first (STEPS=N skips the probe and runs N steps, e.g. when the probe is noisy;
 # BUDGET then only caps the run's time). Validation is the corpus's own validation file (corpus.val.bin), scored
@@ -43,6 +52,14 @@ done
 valfrac=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['data_build']['train_val_fraction'])" "$corpus/corpus.bin.json")
 init=""
 [ -n "${INIT:-}" ] && init="--init $INIT"
+resume=${RESUME:-0}
+if [ "$resume" = 1 ]; then
+  [ -n "${STEPS:-}" ] || { echo "pretrain_tiny: RESUME=1 needs STEPS (the run's total steps)" >&2; exit 1; }
+  [ -e "$run/checkpoints/latest" ] || { echo "pretrain_tiny: RESUME=1 but $run has no checkpoint to continue" >&2; exit 1; }
+  init="--resume"
+fi
+sched="--schedule ${SCHEDULE:-cosine} --decay-fraction ${DECAY:-0.2} --seed ${SEED:-0}"
+[ -n "${STOP_AT:-}" ] && sched="$sched --stop-at $STOP_AT"
 common="--preset tiny --data $corpus/corpus.bin $corpus/corpus.val.bin --val-fraction $valfrac
   --tokenizer $corpus/corpus.tokenizer.json --batch $batch --seq $seq --lr $lr --loss $loss --threads $threads --compute-dtype $compute $init"
 
@@ -60,11 +77,11 @@ else
 fi
 echo "pretrain_tiny: probe ${tps:-skipped} tok/s -> $steps steps of $ranks x $batch x $seq in ${budget}s ($(uptime | sed 's/.*load/load/'))" >&2
 
-rm -rf "$run"
+[ "$resume" = 1 ] || rm -rf "$run"
 # shellcheck disable=SC2086
-nice -n "$nice" $launch "$bin" train $common --out "$run" --steps "$steps" --warmup $((steps / 20 + 1)) \
+nice -n "$nice" $launch "$bin" train $common $sched --out "$run" --steps "$steps" --warmup "${WARMUP:-$((steps / 20 + 1))}" \
   --eval-every $((steps / 12 + 1)) --eval-batches 16 --sample-tokens 24 --time-budget "$((budget + budget / 10))" \
-  --save-every $((steps / 4 + 1)) --keep-checkpoints 1 | tee "$run.summary.json"
+  --save-every "${SAVE_EVERY:-$((steps / 4 + 1))}" --keep-checkpoints 1 | tee "$run.summary.json"
 mkdir -p "$(dirname "$png")"
 ${PYTHON:-/usr/bin/python3} "$here/bench/plot_train_curves.py" --x tokens \
   --title "tiny on the Debian text corpus ($((ranks * batch)) x $seq tokens/step; train: $loss softmax, val: full)" \

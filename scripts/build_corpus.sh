@@ -8,7 +8,9 @@
 #      VOCAB (BPE vocabulary, default 16384), MAN_RENDER=groff|strip (man pages rendered with
 #      groff, the default when installed, or roff requests stripped by sed: ~50x faster, rougher),
 #      JOBS (parallel renderers, default THREADS), SHARED_DATA (the project's shared data folder,
-#      default ../shared/data: its IMDB reviews are added when present).
+#      default ../shared/data: its IMDB reviews are added when present), TOKENIZER (a tokenizer.json
+#      to encode with instead of training a BPE: a model pretrained on an earlier build of the
+#      corpus, e.g. a body that grows across sessions, keeps its vocabulary).
 # Writes OUT_DIR/src/<source>/... (the text, per source), OUT_DIR/sources.tsv (bytes per source),
 # OUT_DIR/corpus.bin (+ .json), corpus.val.bin (+ .json), corpus.tokenizer.json and
 # OUT_DIR/report.json (the build report). A source whose package is missing is skipped with a note.
@@ -19,10 +21,18 @@ corelm=${CORELM:-build/release/corelm}
 threads=${THREADS:-$(nproc)}
 jobs=${JOBS:-$threads}
 vocab=${VOCAB:-16384}
+tok_args=(--vocab-size "$vocab")
+if [[ -n ${TOKENIZER:-} ]]; then
+  [[ -f $TOKENIZER ]] || { echo "build_corpus: TOKENIZER=$TOKENIZER is not a file" >&2; exit 1; }
+fi
 [[ -x $corelm ]] || { echo "build_corpus: $corelm not found (build it: cmake --build --preset release --target corelm_cli)" >&2; exit 1; }
 src=$out/src
 rm -rf "$src"
 mkdir -p "$src"
+if [[ -n ${TOKENIZER:-} ]]; then  # copied where the recipes look for it, then encoded with
+  cp "$TOKENIZER" "$out/corpus.tokenizer.json.tmp" && mv "$out/corpus.tokenizer.json.tmp" "$out/corpus.tokenizer.json"
+  tok_args=(--tokenizer "$out/corpus.tokenizer.json")
+fi
 note() { echo "build_corpus: $*" >&2; }
 
 # Man pages (English only: /usr/share/man/manN, not the translated /usr/share/man/LANG/manN),
@@ -127,5 +137,5 @@ done
 note "sources (name, files, bytes):"
 cat "$out/sources.tsv" >&2
 
-"$corelm" data build --from "$src" --out "$out/corpus.bin" --vocab-size "$vocab" --threads "$threads" --json \
+"$corelm" data build --from "$src" --out "$out/corpus.bin" "${tok_args[@]}" --threads "$threads" --json \
   --dropped-log "$out/dropped.jsonl" | tee "$out/report.json"
