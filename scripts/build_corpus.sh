@@ -24,14 +24,14 @@ vocab=${VOCAB:-16384}
 tok_args=(--vocab-size "$vocab")
 if [[ -n ${TOKENIZER:-} ]]; then
   [[ -f $TOKENIZER ]] || { echo "build_corpus: TOKENIZER=$TOKENIZER is not a file" >&2; exit 1; }
+  tok_args=(--tokenizer "$out/corpus.tokenizer.json")  # copied there below, where the recipes look
 fi
 [[ -x $corelm ]] || { echo "build_corpus: $corelm not found (build it: cmake --build --preset release --target corelm_cli)" >&2; exit 1; }
 src=$out/src
 rm -rf "$src"
 mkdir -p "$src"
-if [[ -n ${TOKENIZER:-} ]]; then  # copied where the recipes look for it, then encoded with
+if [[ -n ${TOKENIZER:-} ]]; then
   cp "$TOKENIZER" "$out/corpus.tokenizer.json.tmp" && mv "$out/corpus.tokenizer.json.tmp" "$out/corpus.tokenizer.json"
-  tok_args=(--tokenizer "$out/corpus.tokenizer.json")
 fi
 note() { echo "build_corpus: $*" >&2; }
 

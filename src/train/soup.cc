@@ -71,18 +71,20 @@ model::Decoder mean_of(const std::vector<const model::Decoder*>& models, const s
 
 }  // namespace
 
-SoupMethod parse_soup_method(const std::string& name) {
-  if (name == "uniform") return SoupMethod::kUniform;
-  if (name == "greedy") return SoupMethod::kGreedy;
-  throw ValueError("--method must be uniform or greedy, got '" + name + "'");
-}
-
-std::string soup_method_name(SoupMethod method) { return method == SoupMethod::kGreedy ? "greedy" : "uniform"; }
-
+// Indexed by SoupMethod: the one place the spellings live.
 const std::vector<std::string>& soup_method_names() {
   static const std::vector<std::string> names{"uniform", "greedy"};
   return names;
 }
+
+SoupMethod parse_soup_method(const std::string& name) {
+  const std::vector<std::string>& names = soup_method_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<SoupMethod>(i);
+  throw ValueError("--method must be uniform or greedy, got '" + name + "'");
+}
+
+std::string soup_method_name(SoupMethod method) { return soup_method_names().at(static_cast<size_t>(method)); }
 
 model::Decoder average_decoders(const std::vector<const model::Decoder*>& models,
                                 const std::vector<std::string>& names) {

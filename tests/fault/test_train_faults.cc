@@ -45,6 +45,14 @@ int64_t last_logged_step(const std::string& out) {
   return step;
 }
 
+// The learning rate of each line of OUT's train_log.jsonl.
+std::vector<double> logged_lrs(const std::string& out) {
+  std::ifstream in(out + "/train_log.jsonl");
+  std::vector<double> lr;
+  for (std::string line; std::getline(in, line);) lr.push_back(nlohmann::json::parse(line).at("lr").get<double>());
+  return lr;
+}
+
 // The step of the checkpoint OUT's pointer names, read through the library (-1: none).
 int64_t committed_step(const std::string& out) {
   const std::string ck = corelm::train::latest_checkpoint(out);
@@ -249,9 +257,7 @@ TEST_F(TrainFaults, WsdStableCheckpointResumesIntoALongerRun) {
   ASSERT_EQ(grown.rc, 0) << grown.all();
   EXPECT_EQ(committed_step(d / "grow"), 12);
   EXPECT_EQ(slurp(d / "grow/model.safetensors"), slurp(d / "whole/model.safetensors"));
-  std::vector<double> lr;
-  std::ifstream log(d / "whole/train_log.jsonl");
-  for (std::string line; std::getline(log, line);) lr.push_back(nlohmann::json::parse(line).at("lr").get<double>());
+  const std::vector<double> lr = logged_lrs(d / "whole");
   ASSERT_EQ(lr.size(), 12u);
   for (size_t i = 0; i < 9; ++i) EXPECT_DOUBLE_EQ(lr[i], lr[0]) << "step " << i + 1 << " is on the plateau";
   EXPECT_LT(lr[9], lr[8]);
@@ -261,9 +267,7 @@ TEST_F(TrainFaults, WsdStableCheckpointResumesIntoALongerRun) {
   const CliResult half = run_corelm(args(d / "half", 12, {"--schedule", "wsd", "--decay-fraction", "0.5", "--warmup", "1"}),
                                     quick());
   ASSERT_EQ(half.rc, 0) << half.all();
-  std::ifstream hlog(d / "half/train_log.jsonl");
-  std::vector<double> hlr;
-  for (std::string line; std::getline(hlog, line);) hlr.push_back(nlohmann::json::parse(line).at("lr").get<double>());
+  const std::vector<double> hlr = logged_lrs(d / "half");
   ASSERT_EQ(hlr.size(), 12u);
   EXPECT_DOUBLE_EQ(hlr[5], hlr[0]);
   EXPECT_LT(hlr[6], hlr[5]);
