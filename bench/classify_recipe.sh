@@ -45,6 +45,11 @@
 #                     of the best point (it is never worse on DEV). The JSON then also carries the
 #                     best single point's TEST accuracy, as a diagnostic (nothing is chosen on it).
 #                     SOUP=0: the best point alone, as before 2026-12-06.
+#   SOUP_CHECKPOINTS=1  every grid point also saves its weights at each dev evaluation
+#                     (OUT/checkpoints/step-N, all kept), and the greedy soup's candidates are the
+#                     grid points of the chosen pooling plus all those checkpoints (still best-first
+#                     by DEV accuracy, each kept only when DEV does not fall). 0 (default): the grid
+#                     points alone. Needs SOUP=1.
 #   REUSE=1           keep a grid point already trained in WORK (its OUT.json and model) instead of
 #                     training it again, e.g. to score a grid cut short
 #   PIN=0             the core they are pinned to with taskset (empty: not pinned)
@@ -82,9 +87,14 @@ steps=$(( (epochs * n_train + batch - 1) / batch ))
 eval_every=$(( n_train / batch / 2 ))
 (( eval_every < 20 )) && eval_every=20
 (( eval_every > steps )) && eval_every=$steps
+ckpt_soup=${SOUP_CHECKPOINTS:-0}
+[[ $ckpt_soup == 1 && ${SOUP:-1} != 1 ]] && { echo "classify_recipe: SOUP_CHECKPOINTS=1 needs SOUP=1" >&2; exit 2; }
+save_every=0 keep=1
+# Checkpoints at every dev evaluation, all kept (a soup's candidates); otherwise only the last.
+[[ $ckpt_soup == 1 ]] && save_every=$eval_every keep=$(( steps / eval_every + 2 ))
 base=(--task classify --labels "$labels" --data "$train" --dev "$dev" --steps "$steps" --batch "$batch"
-      --seq "$seq" --label-smoothing 0.1 --weight-decay 0.1 --eval-every "$eval_every" --save-every 0
-      --keep-checkpoints 1 --no-progress --threads 1 --compute-dtype "${COMPUTE:-bf16}")
+      --seq "$seq" --label-smoothing 0.1 --weight-decay 0.1 --eval-every "$eval_every" --save-every "$save_every"
+      --keep-checkpoints "$keep" --no-progress --threads 1 --compute-dtype "${COMPUTE:-bf16}")
 start=$(date +%s.%N)
 init=${INIT:-}
 # TRAIN's text, one record a line (labels dropped): the language-model data of rounds 0 and 1.
@@ -139,7 +149,8 @@ best="" best_acc=-1 best_loss=0
 for lr in $lrs; do
   for pool in $poolings; do
     out="$work/lr${lr}_$pool"
-    if [[ ${REUSE:-0} == 1 && -s $out.json && -f $out/model.safetensors ]]; then
+    if [[ ${REUSE:-0} == 1 && -s $out.json && -f $out/model.safetensors &&
+          ( $ckpt_soup == 0 || -d $out/checkpoints/step-$(printf %08d "$eval_every") ) ]]; then
       echo "classify_recipe: REUSE=1: keeping the trained $out" >&2
     else
       rm -rf "$out"
@@ -157,7 +168,12 @@ single=$best
 if [[ ${SOUP:-1} == 1 ]]; then
   pool_best=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["classifier_pooling"])' "$best/config.json")
   members=()
-  for lr in $lrs; do members+=("$work/lr${lr}_$pool_best"); done
+  for lr in $lrs; do
+    members+=("$work/lr${lr}_$pool_best")
+    if [[ $ckpt_soup == 1 ]]; then
+      for c in "$work/lr${lr}_$pool_best"/checkpoints/step-*; do [[ -f $c/model.safetensors ]] && members+=("$c"); done
+    fi
+  done
   if (( ${#members[@]} >= 2 )); then
     "${run[@]}" "$bin" merge "${members[@]}" --dev "$dev" --max-tokens "$seq" --out "$work/soup" --json > "$work/soup.json"
     echo "classify_recipe: soup: $(cat "$work/soup.json")" >&2
