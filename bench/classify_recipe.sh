@@ -47,9 +47,14 @@
 #                     SOUP=0: the best point alone, as before 2026-12-06.
 #   SOUP_CHECKPOINTS=1  every grid point also saves its weights at each dev evaluation
 #                     (OUT/checkpoints/step-N, all kept), and the greedy soup's candidates are the
-#                     grid points of the chosen pooling plus all those checkpoints (still best-first
-#                     by DEV accuracy, each kept only when DEV does not fall). 0 (default): the grid
-#                     points alone. Needs SOUP=1.
+#                     grid points of the chosen pooling plus those checkpoints (still best-first
+#                     by DEV accuracy, each kept only when DEV does not fall), less each point's
+#                     checkpoint at its best step: that is the point's own weights, and a second
+#                     copy would enter the soup twice. 0 (default): the grid points alone. Needs SOUP=1.
+#   SEED=0            --seed of round 1 and of every grid point (weights of the head, data order)
+#   GRID_ONLY=1       stop once round 1 and the grid points are trained (no soup, no TEST, no JSON):
+#                     train a grid's points on separate cores (LRS=one value each, in copies of WORK
+#                     sharing round 1), move them into one WORK and score it with REUSE=1
 #   REUSE=1           keep a grid point already trained in WORK (its OUT.json and model) instead of
 #                     training it again, e.g. to score a grid cut short
 #   PIN=0             the core they are pinned to with taskset (empty: not pinned)
@@ -94,7 +99,7 @@ save_every=0 keep=1
 [[ $ckpt_soup == 1 ]] && save_every=$eval_every keep=$(( steps / eval_every + 2 ))
 base=(--task classify --labels "$labels" --data "$train" --dev "$dev" --steps "$steps" --batch "$batch"
       --seq "$seq" --label-smoothing 0.1 --weight-decay 0.1 --eval-every "$eval_every" --save-every "$save_every"
-      --keep-checkpoints "$keep" --no-progress --threads 1 --compute-dtype "${COMPUTE:-bf16}")
+      --keep-checkpoints "$keep" --no-progress --threads 1 --compute-dtype "${COMPUTE:-bf16}" --seed "${SEED:-0}")
 start=$(date +%s.%N)
 init=${INIT:-}
 # TRAIN's text, one record a line (labels dropped): the language-model data of rounds 0 and 1.
@@ -132,7 +137,7 @@ if [[ -n $init && ${ADAPT_STEPS:-0} -gt 0 ]]; then
       "${run[@]}" "$bin" train --init "$init" --data ${ADAPT:-} "$work/train_text.txt" --steps "$ADAPT_STEPS" \
         --batch 16 --seq 64 --lr "$alr" --loss sampled --compute-dtype "${COMPUTE:-bf16}" \
         --val-fraction 0.02 --eval-every 0 --sample-tokens 0 --save-every 0 --keep-checkpoints 1 --no-progress \
-        --threads 1 --out "$aout" > "$aout.json"
+        --threads 1 --seed "${SEED:-0}" --out "$aout" > "$aout.json"
     fi
     val=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["val_loss"])' "$aout.json")
     echo "classify_recipe: round 1 (task-adaptive LM, $ADAPT_STEPS steps, lr $alr): held-out loss $val: $(cat "$aout.json")" >&2
@@ -164,6 +169,7 @@ for lr in $lrs; do
     fi
   done
 done
+[[ ${GRID_ONLY:-0} == 1 ]] && { echo "classify_recipe: GRID_ONLY=1: grid trained in $work" >&2; exit 0; }
 single=$best
 if [[ ${SOUP:-1} == 1 ]]; then
   pool_best=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["classifier_pooling"])' "$best/config.json")
@@ -171,7 +177,10 @@ if [[ ${SOUP:-1} == 1 ]]; then
   for lr in $lrs; do
     members+=("$work/lr${lr}_$pool_best")
     if [[ $ckpt_soup == 1 ]]; then
-      for c in "$work/lr${lr}_$pool_best"/checkpoints/step-*; do [[ -f $c/model.safetensors ]] && members+=("$c"); done
+      own=$(python3 -c 'import json,sys; print("step-%08d" % json.load(open(sys.argv[1]))["best_step"])' "$work/lr${lr}_$pool_best.json")
+      for c in "$work/lr${lr}_$pool_best"/checkpoints/step-*; do
+        [[ -f $c/model.safetensors && ${c##*/} != "$own" ]] && members+=("$c")
+      done
     fi
   done
   if (( ${#members[@]} >= 2 )); then
