@@ -177,7 +177,7 @@ if [[ ${SOUP:-1} == 1 ]]; then
   for lr in $lrs; do
     members+=("$work/lr${lr}_$pool_best")
     if [[ $ckpt_soup == 1 ]]; then
-      own=$(python3 -c 'import json,sys; print("step-%08d" % json.load(open(sys.argv[1]))["best_step"])' "$work/lr${lr}_$pool_best.json")
+      own=step-$(printf %08d "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["best_step"])' "$work/lr${lr}_$pool_best.json")")
       for c in "$work/lr${lr}_$pool_best"/checkpoints/step-*; do
         [[ -f $c/model.safetensors && ${c##*/} != "$own" ]] && members+=("$c")
       done
