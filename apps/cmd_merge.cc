@@ -23,11 +23,17 @@ void run(MergeArgs& a) {
   const train::MergeReport r = train::merge_model_dirs(a.opt);
   const std::string method = train::soup_method_name(r.method);
   int kept = 0;
-  for (const auto& g : r.soup.ingredients) kept += g.kept;
+  for (const auto& g : r.soup.ingredients) {
+    kept += g.kept;
+    if (!g.duplicate_of.empty())
+      std::fprintf(stderr, "merge: warning: %s has the same weights as %s; it is counted once\n", g.name.c_str(),
+                   g.duplicate_of.c_str());
+  }
   if (a.json) {
     nlohmann::ordered_json models = nlohmann::ordered_json::array();
     for (const auto& g : r.soup.ingredients) {
       nlohmann::ordered_json m{{"model", g.name}, {"kept", g.kept}};
+      if (!g.duplicate_of.empty()) m["duplicate_of"] = g.duplicate_of;
       if (r.scored) {
         m["dev_accuracy"] = g.dev_accuracy;
         m["dev_loss"] = g.dev_loss;
@@ -47,7 +53,9 @@ void run(MergeArgs& a) {
     return;
   }
   for (const auto& g : r.soup.ingredients) {
-    if (r.scored)
+    if (!g.duplicate_of.empty())
+      std::printf("same   as %s  %s\n", g.duplicate_of.c_str(), g.name.c_str());
+    else if (r.scored)
       std::printf("%-6s dev accuracy %.4f  loss %.4f  %s\n", g.kept ? "kept" : "left", g.dev_accuracy, g.dev_loss,
                   g.name.c_str());
     else

@@ -479,6 +479,7 @@ struct SoupIngredient {
   std::string name;
   double dev_accuracy = 0, dev_loss = 0;  // the model alone, at its own temperature 1
   bool kept = false;                      // in the soup
+  std::string duplicate_of;               // merge_model_dirs: the earlier model with bit-identical weights ("" : none)
 };
 struct SoupResult {
   std::vector<SoupIngredient> ingredients;  // by dev accuracy, best first (ties: lower loss): the greedy order
@@ -502,6 +503,10 @@ Soup classifier_soup(const std::vector<const model::Decoder*>& models, const std
 // calibrated there (classifier_soup; default method greedy); without it every model is averaged
 // (method uniform; greedy needs dev). The tokenizer.json files must be byte-identical (ValueError
 // naming the first that differs); OUT gets the first one's. OUT is written as save_model_dir does.
+// A model whose every parameter is bit-identical to an earlier one's (the same directory given
+// twice, a checkpoint that is a run's own final weights) would enter the mean twice: it is left
+// out and reported as an ingredient with `duplicate_of` set (kept false; its dev scores are the
+// earlier model's); fewer than two distinct models is a ValueError naming both directories.
 struct MergeOptions {
   std::vector<std::string> models;
   std::string out;

@@ -2,6 +2,7 @@
 // initialisation, and the greedy soup that adds a model only when the dev accuracy does not fall.
 // The dev scoring is the head's own (classify_logits, calibration_stats, fit_temperature).
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 
@@ -67,6 +68,21 @@ model::Decoder mean_of(const std::vector<const model::Decoder*>& models, const s
     out.load_parameter(ref[p].first, Tensor::from_vector(mean, ref[p].second.shape()));
   }
   return out;
+}
+
+// Every parameter bit-identical (names and shapes too). memcmp stops at the first differing
+// byte, so distinct fine-tunes cost next to nothing and only a true copy is read in full.
+bool same_weights(const model::Decoder& a, const model::Decoder& b) {
+  const auto& x = a.named_parameters();
+  const auto& y = b.named_parameters();
+  if (x.size() != y.size()) return false;
+  for (size_t p = 0; p < x.size(); ++p) {
+    if (x[p].first != y[p].first || x[p].second.shape() != y[p].second.shape()) return false;
+    const Tensor cx = x[p].second.contiguous(), cy = y[p].second.contiguous();
+    if (std::memcmp(cx.data<float>(), cy.data<float>(), static_cast<size_t>(cx.numel()) * sizeof(float)) != 0)
+      return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -187,8 +203,30 @@ MergeReport merge_model_dirs(const MergeOptions& o) {
   std::vector<model::LoadedModel> loaded;
   loaded.reserve(o.models.size());
   for (const auto& dir : o.models) loaded.push_back(model::load_model_dir(dir));
+  // Each model bit-identical to an earlier one is set aside (it would weigh twice in the mean).
   std::vector<const model::Decoder*> models;
-  for (const auto& m : loaded) models.push_back(&m.decoder);
+  std::vector<std::string> names;
+  std::vector<std::pair<size_t, size_t>> duplicates;  // (model, the earlier distinct model it equals)
+  std::vector<size_t> distinct;                        // indices into o.models
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    std::optional<size_t> twin;
+    for (size_t j : distinct)
+      if (same_weights(loaded[j].decoder, loaded[i].decoder)) {
+        twin = j;
+        break;
+      }
+    if (twin) {
+      duplicates.emplace_back(i, *twin);
+      continue;
+    }
+    distinct.push_back(i);
+    models.push_back(&loaded[i].decoder);
+    names.push_back(o.models[i]);
+  }
+  CORELM_CHECK(models.size() >= 2, ValueError, "merge: ",
+               duplicates.empty() ? std::string("?") : o.models[duplicates[0].first], " has the same weights as ",
+               duplicates.empty() ? std::string("?") : o.models[duplicates[0].second],
+               " (every tensor bit-identical): fewer than two distinct models to average");
 
   std::optional<model::Decoder> merged;
   if (report.scored) {
@@ -206,12 +244,18 @@ MergeReport merge_model_dirs(const MergeOptions& o) {
     const std::vector<ClassifyRecord> dev = load_classify_records(o.dev, tok, d);
     const TokenId pad = c.pad_token_id >= 0 ? static_cast<TokenId>(c.pad_token_id)
                                             : tok.pad_id().value_or(tok.eos_id().value_or(0));
-    Soup soup = classifier_soup(models, o.models, dev, pad, report.method);
+    Soup soup = classifier_soup(models, names, dev, pad, report.method);
     report.soup = std::move(soup.result);
     merged.emplace(std::move(soup.decoder));
   } else {
-    merged.emplace(average_decoders(models, o.models));
-    for (const auto& dir : o.models) report.soup.ingredients.push_back({dir, 0, 0, true});
+    merged.emplace(average_decoders(models, names));
+    for (const auto& dir : names) report.soup.ingredients.push_back({dir, 0, 0, true, ""});
+  }
+  for (const auto& [i, j] : duplicates) {
+    SoupIngredient g{o.models[i], 0, 0, false, o.models[j]};
+    for (const auto& k : report.soup.ingredients)
+      if (k.name == o.models[j]) g.dev_accuracy = k.dev_accuracy, g.dev_loss = k.dev_loss;
+    report.soup.ingredients.push_back(g);
   }
   report.parameters = merged->config().num_parameters(true);
   loaded.clear();

@@ -235,6 +235,22 @@ TEST_F(PosttrainFaultTest, MergeAveragesHeadsAndRefusesWhatCannotAverage) {
   const CliResult ev = run_corelm({"eval-task", "--model", path("soup"), "--data", path("in.jsonl"), "--json"}, opts());
   EXPECT_EQ(ev.rc, 0) << ev.all();
 
+  // The same directory twice: the second is counted once, with a warning and duplicate_of.
+  const CliResult twice = run_corelm({"merge", model, path("round2"), model, "--dev", path("dev.jsonl"),
+                                      "--max-tokens", "16", "--out", path("soup2"), "--json"},
+                                     opts());
+  ASSERT_EQ(twice.rc, 0) << twice.all();
+  EXPECT_NE(twice.err.find("warning: " + model + " has the same weights as " + model), std::string::npos)
+      << twice.err;
+  const auto j2 = nlohmann::json::parse(twice.out);
+  ASSERT_EQ(j2.at("models").size(), 3u);
+  EXPECT_EQ(j2.at("models")[2].at("duplicate_of"), model);
+  EXPECT_FALSE(j2.at("models")[2].at("kept").get<bool>());
+  EXPECT_EQ(j2.at("dev_accuracy"), j.at("dev_accuracy"));
+  const CliResult same = run_corelm({"merge", model, model, "--out", path("x")}, opts());
+  EXPECT_EQ(same.rc, 1) << same.all();
+  EXPECT_NE(same.err.find("fewer than two distinct models"), std::string::npos) << same.err;
+
   const CliResult one = run_corelm({"merge", model, "--out", path("x")}, opts());
   EXPECT_NE(one.rc, 0);
   const CliResult greedy = run_corelm({"merge", model, path("round2"), "--method", "greedy", "--out", path("x")}, opts());

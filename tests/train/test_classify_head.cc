@@ -606,6 +606,34 @@ TEST(Merge, ModelDirectoriesRoundTripAndBadInputsAreNamed) {
                    r.soup.dev_accuracy);
   EXPECT_EQ(m.tokenizer->vocab_size(), t.run.tok->vocab_size());
 
+  // A third directory with a's weights (a checkpoint that is a run's own final weights): left out,
+  // reported as a's duplicate, and the soup is the one of a and b; a with its copy alone is refused.
+  model::save_model_dir((t.run.dir / "c").string(), *t.model);
+  fs::copy_file(t.run.dir / "tokenizer.json", t.run.dir / "c" / "tokenizer.json");
+  MergeOptions d = o;
+  d.models.push_back((t.run.dir / "c").string());
+  d.out = (t.run.dir / "soup3").string();
+  const MergeReport r3 = merge_model_dirs(d);
+  ASSERT_EQ(r3.soup.ingredients.size(), 3u);
+  EXPECT_EQ(r3.soup.ingredients.back().name, d.models[2]);
+  EXPECT_EQ(r3.soup.ingredients.back().duplicate_of, d.models[0]);
+  EXPECT_FALSE(r3.soup.ingredients.back().kept);
+  EXPECT_DOUBLE_EQ(r3.soup.ingredients.back().dev_accuracy, r3.soup.ingredients[0].name == d.models[0]
+                                                                ? r3.soup.ingredients[0].dev_accuracy
+                                                                : r3.soup.ingredients[1].dev_accuracy);
+  for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(r3.soup.ingredients[i].duplicate_of.empty());
+  EXPECT_DOUBLE_EQ(r3.soup.dev_accuracy, r.soup.dev_accuracy);
+  EXPECT_DOUBLE_EQ(r3.soup.temperature, r.soup.temperature);
+  d.models = {(t.run.dir / "a").string(), (t.run.dir / "c").string()};
+  std::string same = error_of([&] { merge_model_dirs(d); });
+  EXPECT_NE(same.find(d.models[1] + " has the same weights as " + d.models[0]), std::string::npos) << same;
+  EXPECT_NE(same.find("fewer than two distinct"), std::string::npos) << same;
+  // A slightly different copy is not a duplicate.
+  const model::Decoder near = with_head_scaled(*t.model, 1.0f + 1e-6f);
+  model::save_model_dir((t.run.dir / "c").string(), near);
+  d.models = {(t.run.dir / "a").string(), (t.run.dir / "c").string()};
+  for (const auto& g : merge_model_dirs(d).soup.ingredients) EXPECT_TRUE(g.duplicate_of.empty()) << g.name;
+
   // Without --dev: the plain mean, every model kept; greedy needs a dev set.
   o.dev.clear();
   o.out = (t.run.dir / "mean").string();
