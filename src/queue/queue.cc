@@ -315,7 +315,8 @@ struct Queue::Impl {
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
     sqlite3_reset(st);
-    raise(rc, "statement failed");
+    const char* sql = sqlite3_sql(st);
+    raise(rc, std::string("statement '") + std::string(sql ? sql : "?").substr(0, 60) + "' failed");
   }
   void run(sqlite3_stmt* st) const {
     while (step(st)) {
@@ -695,9 +696,23 @@ Queue Queue::open(const std::string& path, const QueueOptions& options) {
   }
   impl->exec("COMMIT");
   {
-    sqlite3_stmt* st = impl->stmt("PRAGMA journal_mode = WAL");
-    std::string mode = impl->step(st) ? Impl::text(st, 0) : "";
-    sqlite3_reset(st);
+    // The switch to WAL takes an exclusive lock and, when another process holds the file at that
+    // moment (two servers opening one new state dir at once), SQLite answers SQLITE_BUSY at once,
+    // without the busy handler: retried here, polled like on_busy, up to busy_timeout_ms.
+    std::string mode;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      sqlite3_stmt* st = impl->stmt("PRAGMA journal_mode = WAL");
+      const int rc = sqlite3_step(st);
+      if (rc == SQLITE_ROW) mode = Impl::text(st, 0);
+      sqlite3_reset(st);
+      if (rc == SQLITE_ROW || rc == SQLITE_DONE) break;
+      if ((rc & 0xff) != SQLITE_BUSY ||
+          std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(options.busy_timeout_ms))
+        impl->raise(rc, "statement 'PRAGMA journal_mode = WAL' failed");
+      impl->busy_seed = impl->busy_seed * 1103515245u + 12345u;
+      usleep(500 + (impl->busy_seed >> 16) % 1000);
+    }
     if (mode != "wal") throw IOError("queue " + path + ": cannot switch to WAL mode (got '" + mode + "')");
   }
   impl->exec(options.sync == Sync::full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
