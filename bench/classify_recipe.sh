@@ -48,9 +48,9 @@
 #   SOUP_CHECKPOINTS=1  every grid point also saves its weights at each dev evaluation
 #                     (OUT/checkpoints/step-N, all kept), and the greedy soup's candidates are the
 #                     grid points of the chosen pooling plus those checkpoints (still best-first
-#                     by DEV accuracy, each kept only when DEV does not fall), less each point's
-#                     checkpoint at its best step: that is the point's own weights, and a second
-#                     copy would enter the soup twice. 0 (default): the grid points alone. Needs SOUP=1.
+#                     by DEV accuracy, each kept only when DEV does not fall); a point's checkpoint
+#                     at its best step is the point's own weights, and `corelm merge` counts such a
+#                     duplicate once. 0 (default): the grid points alone. Needs SOUP=1.
 #   SEED=0            --seed of round 1 and of every grid point (weights of the head, data order)
 #   GRID_ONLY=1       stop once round 1 and the grid points are trained (no soup, no TEST, no JSON):
 #                     train a grid's points on separate cores (LRS=one value each, in copies of WORK
@@ -177,10 +177,7 @@ if [[ ${SOUP:-1} == 1 ]]; then
   for lr in $lrs; do
     members+=("$work/lr${lr}_$pool_best")
     if [[ $ckpt_soup == 1 ]]; then
-      own=step-$(printf %08d "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["best_step"])' "$work/lr${lr}_$pool_best.json")")
-      for c in "$work/lr${lr}_$pool_best"/checkpoints/step-*; do
-        [[ -f $c/model.safetensors && ${c##*/} != "$own" ]] && members+=("$c")
-      done
+      for c in "$work/lr${lr}_$pool_best"/checkpoints/step-*; do [[ -f $c/model.safetensors ]] && members+=("$c"); done
     fi
   done
   if (( ${#members[@]} >= 2 )); then

@@ -698,20 +698,16 @@ Queue Queue::open(const std::string& path, const QueueOptions& options) {
   {
     // The switch to WAL takes an exclusive lock and, when another process holds the file at that
     // moment (two servers opening one new state dir at once), SQLite answers SQLITE_BUSY at once,
-    // without the busy handler: retried here, polled like on_busy, up to busy_timeout_ms.
+    // without the busy handler: retried here, paced and timed out by that same handler.
     std::string mode;
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
+    for (int tries = 0;; ++tries) {
       sqlite3_stmt* st = impl->stmt("PRAGMA journal_mode = WAL");
       const int rc = sqlite3_step(st);
       if (rc == SQLITE_ROW) mode = Impl::text(st, 0);
       sqlite3_reset(st);
       if (rc == SQLITE_ROW || rc == SQLITE_DONE) break;
-      if ((rc & 0xff) != SQLITE_BUSY ||
-          std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(options.busy_timeout_ms))
+      if ((rc & 0xff) != SQLITE_BUSY || !Impl::on_busy(impl.get(), tries))
         impl->raise(rc, "statement 'PRAGMA journal_mode = WAL' failed");
-      impl->busy_seed = impl->busy_seed * 1103515245u + 12345u;
-      usleep(500 + (impl->busy_seed >> 16) % 1000);
     }
     if (mode != "wal") throw IOError("queue " + path + ": cannot switch to WAL mode (got '" + mode + "')");
   }

@@ -209,24 +209,19 @@ MergeReport merge_model_dirs(const MergeOptions& o) {
   std::vector<std::pair<size_t, size_t>> duplicates;  // (model, the earlier distinct model it equals)
   std::vector<size_t> distinct;                        // indices into o.models
   for (size_t i = 0; i < loaded.size(); ++i) {
-    std::optional<size_t> twin;
-    for (size_t j : distinct)
-      if (same_weights(loaded[j].decoder, loaded[i].decoder)) {
-        twin = j;
-        break;
-      }
-    if (twin) {
+    auto twin = std::find_if(distinct.begin(), distinct.end(),
+                             [&](size_t j) { return same_weights(loaded[j].decoder, loaded[i].decoder); });
+    if (twin != distinct.end()) {
       duplicates.emplace_back(i, *twin);
-      continue;
+    } else {
+      distinct.push_back(i);
+      models.push_back(&loaded[i].decoder);
+      names.push_back(o.models[i]);
     }
-    distinct.push_back(i);
-    models.push_back(&loaded[i].decoder);
-    names.push_back(o.models[i]);
   }
-  CORELM_CHECK(models.size() >= 2, ValueError, "merge: ",
-               duplicates.empty() ? std::string("?") : o.models[duplicates[0].first], " has the same weights as ",
-               duplicates.empty() ? std::string("?") : o.models[duplicates[0].second],
-               " (every tensor bit-identical): fewer than two distinct models to average");
+  // Two or more given (checked above) and fewer than two distinct: there is a duplicate to name.
+  CORELM_CHECK(models.size() >= 2, ValueError, "merge: ", o.models[duplicates[0].first], " has the same weights as ",
+               o.models[duplicates[0].second], " (every tensor bit-identical): fewer than two distinct models to average");
 
   std::optional<model::Decoder> merged;
   if (report.scored) {
