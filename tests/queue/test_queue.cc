@@ -352,6 +352,30 @@ TEST_F(QueueTest, AWriteLockHeldTooLongIsAClearError) {
   EXPECT_EQ(q.counts().queued, 1);
 }
 
+// A new state file that another connection is about to write (a second server opening the same
+// new state dir holds its write lock): the switch to WAL needs the file to itself, and SQLite
+// answers SQLITE_BUSY at once, without the busy handler (this connection holds a read lock, the
+// other a reserved one). The open retries for busy_timeout_ms, then fails naming the statement
+// and the timeout, in bounded time; once the other is gone the same open succeeds.
+TEST_F(QueueTest, TheSwitchToWalRetriesWhileAnotherHoldsTheFileThenFailsClearly) {
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string msg = message_of<corelm::IOError>([&] { Queue::open(path_, QueueOptions{.busy_timeout_ms = 200}); });
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(msg.find("PRAGMA journal_mode = WAL"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("busy_timeout_ms=200"), std::string::npos) << msg;
+  EXPECT_GE(waited, 0.19) << "gave up before busy_timeout_ms";
+  EXPECT_LT(waited, 10.0) << "the retry did not stop at busy_timeout_ms";
+  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(other);
+  Queue q = Queue::open(path_, QueueOptions{.busy_timeout_ms = 200});
+  EXPECT_EQ(sql_scalar(path_, "PRAGMA journal_mode"), "wal");
+  q.enqueue("m", "{}");
+  EXPECT_EQ(q.counts().queued, 1);
+}
+
 TEST_F(QueueTest, CancelBatchCancelsQueuedOnly) {
   Queue q = Queue::open(path_);
   std::vector<RequestId> ids;
