@@ -5,7 +5,7 @@
 #   bench/pretrain_tiny.sh [build dir] [corpus dir] [run dir]
 #       defaults: build/release, build/corpus, build/pretrain_tiny
 #
-# Environment: BUDGET (seconds of training, 900), BATCH (8), SEQ (128), LR (2e-3), LOSS (sampled:
+# Environment: BUDGET (seconds of training: 900, or none when STEPS is given), BATCH (8), SEQ (128), LR (2e-3), LOSS (sampled:
 # the sampled softmax, ~3x the tokens per hour at the full-softmax validation loss; or full),
 # THREADS (1), COMPUTE (bf16: the measured bf16 GEMM where the core runs it at full rate, else
 # bf16-rounded operands on the fp32 GEMM; or f32), NICE (10), PNG (docs/img/pretrain_tiny_loss.png), INIT (a model dir to continue
@@ -22,7 +22,8 @@
 # (STEPS / 20 + 1). SAVE_EVERY: checkpoint interval in steps (STEPS / 4 + 1).
 # The number of steps is chosen so the cosine schedule ends with the budget: a 10-step probe
 # measures tokens/s first (STEPS=N skips the probe and runs N steps, e.g. when the probe is noisy;
-# BUDGET then only caps the run's time). Validation is the corpus's own validation file (corpus.val.bin), scored
+# then there is no time cap unless BUDGET is also given; a run the cap stops short of its STEPS or STOP_AT
+# says so and is continued with RESUME=1). Validation is the corpus's own validation file (corpus.val.bin), scored
 # on the same 16 batches at every evaluation; the plot shows the training loss (21-step moving
 # average) and the validation points. Prints the run summary and the curve summary as JSON.
 set -eu
@@ -33,6 +34,9 @@ run=${3:-build/pretrain_tiny}
 case $build in /*) ;; *) build=$here/$build ;; esac
 bin=$build/corelm
 budget=${BUDGET:-900}
+# With STEPS the run's length is the user's: no time cap unless BUDGET is given as well.
+cap=$((budget + budget / 10))
+[ -n "${STEPS:-}" ] && [ -z "${BUDGET:-}" ] && cap=0
 batch=${BATCH:-8}
 seq=${SEQ:-128}
 lr=${LR:-2e-3}
@@ -75,13 +79,21 @@ else
   steps=$(python3 -c "import sys; print(max(50, int(float(sys.argv[1]) * float(sys.argv[2]) / (int(sys.argv[3]) * int(sys.argv[4]) * int(sys.argv[5])))))" \
             "$tps" "$budget" "$batch" "$seq" "$ranks")
 fi
-echo "pretrain_tiny: probe ${tps:-skipped} tok/s -> $steps steps of $ranks x $batch x $seq in ${budget}s ($(uptime | sed 's/.*load/load/'))" >&2
+limit="in ${budget}s"
+[ "$cap" = 0 ] && limit="(no time cap)"
+echo "pretrain_tiny: probe ${tps:-skipped} tok/s -> $steps steps of $ranks x $batch x $seq $limit ($(uptime | sed 's/.*load/load/'))" >&2
 
 [ "$resume" = 1 ] || rm -rf "$run"
 # shellcheck disable=SC2086
 nice -n "$nice" $launch "$bin" train $common $sched --out "$run" --steps "$steps" --warmup "${WARMUP:-$((steps / 20 + 1))}" \
-  --eval-every $((steps / 12 + 1)) --eval-batches 16 --sample-tokens 24 --time-budget "$((budget + budget / 10))" \
+  --eval-every $((steps / 12 + 1)) --eval-batches 16 --sample-tokens 24 --time-budget "$cap" \
   --save-every "${SAVE_EVERY:-$((steps / 4 + 1))}" --keep-checkpoints 1 | tee "$run.summary.json"
+target=${STOP_AT:-$steps}
+[ "$target" -gt "$steps" ] && target=$steps
+reached=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['steps'])" "$run.summary.json" 2>/dev/null || echo "")
+if [ -n "$reached" ] && [ "$reached" -lt "$target" ]; then
+  echo "pretrain_tiny: the time budget (${cap}s) stopped the run at step $reached of $target; RESUME=1 STEPS=$steps continues it" >&2
+fi
 mkdir -p "$(dirname "$png")"
 ${PYTHON:-/usr/bin/python3} "$here/bench/plot_train_curves.py" --x tokens \
   --title "tiny on the Debian text corpus ($((ranks * batch)) x $seq tokens/step; train: $loss softmax, val: full)" \
