@@ -291,7 +291,11 @@ int run_rank(const TrainArgs& a, const dist::World& world) {
                                  {"checkpoint", r.checkpoint}};
   if (world.size() > 1) summary["ranks"] = world.size();
   if (r.stopped_by_signal) summary["stopped_by_signal"] = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
+  if (r.stopped_by_time_budget) summary["stopped_by_time_budget"] = true;
   if (root) std::cout << summary.dump() << "\n";
+  if (root && r.stopped_by_time_budget)
+    std::cerr << "corelm: train: --time-budget " << a.time_budget << " s stopped the run after step " << r.end_step
+              << ", before its last step; checkpoint " << r.checkpoint << " (continue with --resume)\n";
   if (!r.stopped_by_signal) return 0;
   if (root) std::cerr << "corelm: train: stopped by " << (r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "
             << r.end_step << "; checkpoint " << r.checkpoint << " (continue with --resume)\n";

@@ -23,7 +23,7 @@
 # The number of steps is chosen so the cosine schedule ends with the budget: a 10-step probe
 # measures tokens/s first (STEPS=N skips the probe and runs N steps, e.g. when the probe is noisy;
 # then there is no time cap unless BUDGET is also given; a run the cap stops short of its STEPS or STOP_AT
-# says so and is continued with RESUME=1). Validation is the corpus's own validation file (corpus.val.bin), scored
+# says so (`corelm train` reports it) and is continued with RESUME=1). Validation is the corpus's own validation file (corpus.val.bin), scored
 # on the same 16 batches at every evaluation; the plot shows the training loss (21-step moving
 # average) and the validation points. Prints the run summary and the curve summary as JSON.
 set -eu
@@ -88,12 +88,6 @@ echo "pretrain_tiny: probe ${tps:-skipped} tok/s -> $steps steps of $ranks x $ba
 nice -n "$nice" $launch "$bin" train $common $sched --out "$run" --steps "$steps" --warmup "${WARMUP:-$((steps / 20 + 1))}" \
   --eval-every $((steps / 12 + 1)) --eval-batches 16 --sample-tokens 24 --time-budget "$cap" \
   --save-every "${SAVE_EVERY:-$((steps / 4 + 1))}" --keep-checkpoints 1 | tee "$run.summary.json"
-target=${STOP_AT:-$steps}
-[ "$target" -gt "$steps" ] && target=$steps
-reached=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['steps'])" "$run.summary.json" 2>/dev/null || echo "")
-if [ -n "$reached" ] && [ "$reached" -lt "$target" ]; then
-  echo "pretrain_tiny: the time budget (${cap}s) stopped the run at step $reached of $target; RESUME=1 STEPS=$steps continues it" >&2
-fi
 mkdir -p "$(dirname "$png")"
 ${PYTHON:-/usr/bin/python3} "$here/bench/plot_train_curves.py" --x tokens \
   --title "tiny on the Debian text corpus ($((ranks * batch)) x $seq tokens/step; train: $loss softmax, val: full)" \

@@ -233,6 +233,7 @@ struct TrainResult {
   double last_train_loss = 0;
   std::optional<double> last_val_loss;  // absent when nothing was evaluated (no validation data)
   int stopped_by_signal = 0;            // SIGINT / SIGTERM that ended the run (stop_on_signals)
+  bool stopped_by_time_budget = false;  // time_budget_s ran out before steps / stop_at
   std::string checkpoint;               // the checkpoint folder the run committed last
   double tokens_per_s = 0;  // over the steps of this run (excluding evaluation and saving)
   int64_t tokens_seen = 0;

@@ -538,7 +538,10 @@ TrainResult train(model::Decoder& model, BatchSource& data, const std::vector<Ba
                    format_duration(eta).c_str(), tty ? "" : "\n");
     }
     if (opt.save_every > 0 && step % opt.save_every == 0 && !final_step) save(step);
-    if (budget_over) break;
+    if (budget_over) {
+      result.stopped_by_time_budget = step != last_step;
+      break;
+    }
   }
   if (tty) std::fputs("\n", stderr);
   dp.check_replicas(step);

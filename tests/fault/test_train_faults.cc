@@ -190,6 +190,26 @@ TEST_F(TrainFaults, DiskFullDuringSaveKeepsThePreviousCheckpoint) {
   expect_recovers(out, "disk full", resume, base_ck(), ref_weights());
 }
 
+TEST_F(TrainFaults, ATimeBudgetThatStopsTheRunEarlySaysSo) {
+  ScratchDir d("train_faults_budget");
+  const std::string out = d / "budget";
+  const CliResult r = run_corelm(args(out, 100000, {"--save-every", "0", "--time-budget", "0.5", "--eval-every", "0"}), quick(90));
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.rc, 0) << r.all();
+  EXPECT_NE(r.out.find("\"stopped_by_time_budget\":true"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("--time-budget 0.5 s stopped the run after step"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("continue with --resume"), std::string::npos) << r.err;
+  EXPECT_GT(last_logged_step(out), 0);
+  EXPECT_LT(last_logged_step(out), 100000);
+
+  // A run that reaches its last step inside the budget does not claim the budget stopped it.
+  const std::string done = d / "done";
+  const CliResult full = run_corelm(args(done, 3, {"--time-budget", "60"}), quick());
+  EXPECT_EQ(full.rc, 0) << full.all();
+  EXPECT_EQ(full.out.find("stopped_by_time_budget"), std::string::npos) << full.out;
+  EXPECT_EQ(full.err.find("--time-budget"), std::string::npos) << full.err;
+}
+
 TEST_F(TrainFaults, SigtermCheckpointsAndASecondRunIsRefused) {
   ScratchDir d("train_faults_term");
   const std::string out = d / "term";
