@@ -102,7 +102,9 @@ TEST(HybridPrecision, ErrorByLayer) {
       // The fast path's own rounding (activations to bf16 inside its linears, its summation
       // order) adds no more than what rounding the weights alone causes in the f32 forward
       // (measured ratio at most 1.5, hybrid at 5 layers 0.88).
-      if (name == "hybrid" || name == "linear") EXPECT_LE(e.fast_vs_f32, 2.0 * e.rounded_vs_f32) << name << " L " << L;
+      if (name == "hybrid" || name == "linear") {
+        EXPECT_LE(e.fast_vs_f32, 2.0 * e.rounded_vs_f32) << name << " L " << L;
+      }
     }
   }
   // One linear-attention layer is far more sensitive to bf16 weights than one softmax-attention
