@@ -290,16 +290,21 @@ int run_rank(const TrainArgs& a, const dist::World& world) {
                                  {"threads", a.threads},
                                  {"checkpoint", r.checkpoint}};
   if (world.size() > 1) summary["ranks"] = world.size();
-  if (r.stopped_by_signal) summary["stopped_by_signal"] = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
+  const char* signal_name = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
+  if (r.stopped_by_signal) summary["stopped_by_signal"] = signal_name;
   if (r.stopped_by_time_budget) summary["stopped_by_time_budget"] = true;
   if (root) std::cout << summary.dump() << "\n";
-  if (root && r.stopped_by_time_budget)
-    std::cerr << "corelm: train: --time-budget " << a.time_budget << " s stopped the run after step " << r.end_step
-              << ", before its last step; checkpoint " << r.checkpoint << " (continue with --resume)\n";
-  if (!r.stopped_by_signal) return 0;
-  if (root) std::cerr << "corelm: train: stopped by " << (r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "
-            << r.end_step << "; checkpoint " << r.checkpoint << " (continue with --resume)\n";
-  return 128 + r.stopped_by_signal;
+  // A run that ends before its last step says why, where it stopped and how to go on.
+  if (root && (r.stopped_by_signal || r.stopped_by_time_budget)) {
+    std::cerr << "corelm: train: ";
+    if (r.stopped_by_signal)
+      std::cerr << "stopped by " << signal_name << " after step " << r.end_step;
+    else
+      std::cerr << "--time-budget " << a.time_budget << " s stopped the run after step " << r.end_step
+                << ", before its last step";
+    std::cerr << "; checkpoint " << r.checkpoint << " (continue with --resume)\n";
+  }
+  return r.stopped_by_signal ? 128 + r.stopped_by_signal : 0;
 }
 
 // --task classify: records -> the head's cross-entropy through train() (train::ClassifyObjective),
