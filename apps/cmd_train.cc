@@ -43,7 +43,7 @@ struct TrainArgs {
   // --task classify (run_classify below)
   std::string task = "lm", text_field = "text", label_field = "label", template_text = "{text}", dev, pooling;
   std::vector<std::string> labels;
-  double epochs = 0, label_smoothing = 0;
+  double epochs = 0, label_smoothing = 0, classifier_dropout = 0;
   bool balance = false, freeze_body = false, val_fraction_given = false;
   bool mpi = false, no_overlap = false;  // data-parallel over MPI (docs/SCALE-OUT.md)
   int64_t bucket_kb = 4096, checksum_every = 100;
@@ -419,6 +419,8 @@ int run_classify(const TrainArgs& a) {
   opt.sample_tokens = 0;
   train::ClassifyTrainOptions co;
   co.label_smoothing = a.label_smoothing;
+  co.dropout = a.classifier_dropout;
+  co.seed = a.seed;
   co.train_body = !a.freeze_body;
   co.pad_id = pad;
   train::ClassifyObjective objective(dev_records, co);
@@ -556,6 +558,9 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--dev", a->dev, "classify: dev records (default: a stratified --val-fraction of --data)");
   c->add_option("--epochs", a->epochs, "classify: passes over the training records (instead of --steps)");
   c->add_option("--label-smoothing", a->label_smoothing, "classify: label smoothing of the cross-entropy")
+      ->capture_default_str();
+  c->add_option("--classifier-dropout", a->classifier_dropout,
+                "classify: dropout on the pooled state before the head while training (0: none)")
       ->capture_default_str();
   c->add_flag("--balance", a->balance, "classify: class-balanced sampling (a uniform class, then a record of it)");
   c->add_flag("--freeze-body", a->freeze_body, "classify: train only the head (score.weight)");

@@ -35,6 +35,8 @@
 #   LRS="1e-3 3e-3"   learning-rate grid;  POOLINGS="mean last"  pooling grid
 #   EPOCHS=6          passes over TRAIN per grid point, capped by MAX_STEPS (default 2500)
 #   BATCH=32 SEQ=128 VOCAB=8192 LAYERS=2 HIDDEN=256 FFN=640  the model and batch
+#   DROPOUT=0         --classifier-dropout of every grid point (dropout on the pooled state before
+#                     the head while training; 0: none, the recipe as adopted)
 #   PRECISION=bf16    eval-task's inference precision (bf16 fast path, or f32)
 #   COMPUTE=bf16      training's matrix-product precision (--compute-dtype: bf16 runs the bf16 GEMM
 #                     where the core has it at full rate, else bf16-rounded operands; or f32)
@@ -100,6 +102,7 @@ save_every=0 keep=1
 base=(--task classify --labels "$labels" --data "$train" --dev "$dev" --steps "$steps" --batch "$batch"
       --seq "$seq" --label-smoothing 0.1 --weight-decay 0.1 --eval-every "$eval_every" --save-every "$save_every"
       --keep-checkpoints "$keep" --no-progress --threads 1 --compute-dtype "${COMPUTE:-bf16}" --seed "${SEED:-0}")
+[[ ${DROPOUT:-0} != 0 ]] && base+=(--classifier-dropout "$DROPOUT")
 start=$(date +%s.%N)
 init=${INIT:-}
 # TRAIN's text, one record a line (labels dropped): the language-model data of rounds 0 and 1.
@@ -208,7 +211,7 @@ if [[ $single != "$best" ]]; then
 fi
 
 python3 - "$work" "$single" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init_round0" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" "$adapt_chosen" "$adapt_losses" <<'PY'
-import json, sys
+import json, os, sys
 work, best, model, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt, adapt_lr, adapt_losses = sys.argv[1:]
 ev = json.load(open(f"{work}/test_eval.json"))
 un = json.load(open(f"{work}/test_eval_uncalibrated.json"))
@@ -234,5 +237,6 @@ print(json.dumps({
                "dev_ece_before": soup["dev_ece_before"] if soup else tr["ece_before"],
                "dev_ece": soup["dev_ece"] if soup else tr["ece_after"],
                "temperature": soup["temperature"] if soup else tr["temperature"], "label_smoothing": 0.1, "weight_decay": 0.1,
+               "classifier_dropout": float(os.environ.get("DROPOUT", "0")),
                "vocab": cfg["vocab_size"], "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"]}}))
 PY

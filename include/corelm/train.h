@@ -392,8 +392,10 @@ class ClassifySampler : public BatchSource {
 };
 
 // Head logits [B, L] of a classification batch (recorded on the graph; with `train_body` false the
-// body runs without gradient, so only score.weight learns).
-Tensor classifier_logits(const model::Decoder& model, const Batch& batch, bool train_body = true);
+// body runs without gradient, so only score.weight learns). With `dropout` > 0 (training only) the
+// pooled state goes through inverted dropout with masks drawn from `gen` before the head.
+Tensor classifier_logits(const model::Decoder& model, const Batch& batch, bool train_body = true, float dropout = 0,
+                         Generator* gen = nullptr);
 
 // Logits [N, L] of records, `batch` at a time, no gradient (rows of one batch are padded to its
 // longest; padding never reaches a real position under the causal mask).
@@ -411,6 +413,12 @@ double fit_temperature(const std::vector<std::vector<float>>& logits, const std:
 
 struct ClassifyTrainOptions {
   double label_smoothing = 0;  // in [0, 1)
+  // Dropout on the pooled state before the head while training (HF's classifier_dropout), in
+  // [0, 1); 0: none. Each batch's masks come from a generator seeded by (seed, the batch's token
+  // ids and lengths), so a resumed run draws the masks a straight run draws. Evaluation and
+  // inference never drop.
+  double dropout = 0;
+  uint64_t seed = 0;
   bool train_body = true;      // false: only the head learns
   int64_t eval_batch = 32;
   TokenId pad_id = 0;

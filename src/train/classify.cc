@@ -182,7 +182,8 @@ Batch ClassifySampler::next(int64_t batch, int64_t /*seq*/) {
   return make_classify_batch(rows, pad_);
 }
 
-Tensor classifier_logits(const model::Decoder& model, const Batch& batch, bool train_body) {
+Tensor classifier_logits(const model::Decoder& model, const Batch& batch, bool train_body, float dropout,
+                         Generator* gen) {
   const Tensor& w = model.classifier_weight();
   const int64_t B = batch.ids.size(0), T = batch.ids.size(1);
   CORELM_CHECK(batch.lengths.defined() && batch.lengths.numel() == B, ValueError,
@@ -208,7 +209,11 @@ Tensor classifier_logits(const model::Decoder& model, const Batch& batch, bool t
     else
       row[n - 1] = 1.0f;
   }
-  const Tensor pooled = ops::matmul(Tensor::from_vector(pool, {B, B * T}), ops::reshape(hidden, {B * T, H}));
+  Tensor pooled = ops::matmul(Tensor::from_vector(pool, {B, B * T}), ops::reshape(hidden, {B * T, H}));
+  if (dropout > 0) {
+    CORELM_CHECK(gen != nullptr, ValueError, "classifier_logits: dropout needs a generator");
+    pooled = ops::dropout(pooled, dropout, true, *gen);
+  }
   return ops::linear(pooled, w);
 }
 
@@ -283,11 +288,30 @@ ClassifyObjective::ClassifyObjective(const std::vector<ClassifyRecord>& dev, con
     : dev_(dev), opt_(options) {
   CORELM_CHECK(std::isfinite(opt_.label_smoothing) && opt_.label_smoothing >= 0 && opt_.label_smoothing < 1,
                ValueError, "classify: --label-smoothing must be in [0, 1), got ", opt_.label_smoothing);
+  CORELM_CHECK(std::isfinite(opt_.dropout) && opt_.dropout >= 0 && opt_.dropout < 1, ValueError,
+               "classify: --classifier-dropout must be in [0, 1), got ", opt_.dropout);
   CORELM_CHECK(opt_.eval_batch >= 1, ValueError, "classify: evaluation batch must be positive");
 }
 
+namespace {
+// FNV-1a over the batch's ids and lengths, mixed with the seed: the dropout masks of a batch.
+uint64_t batch_mask_seed(uint64_t seed, const Batch& batch) {
+  uint64_t h = 1469598103934665603ull ^ (seed * 0x9E3779B97F4A7C15ull);
+  auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xFF;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const int64_t v : batch.ids.to_int_vector()) mix(v);
+  for (const int64_t v : batch.lengths.to_int_vector()) mix(v);
+  return h;
+}
+}  // namespace
+
 Tensor ClassifyObjective::loss(const model::Decoder& model, const Batch& batch) {
-  const Tensor logits = classifier_logits(model, batch, opt_.train_body);
+  Generator gen(opt_.dropout > 0 ? batch_mask_seed(opt_.seed, batch) : 0);
+  const Tensor logits = classifier_logits(model, batch, opt_.train_body, static_cast<float>(opt_.dropout), &gen);
   const Tensor ce = ops::cross_entropy(logits, batch.targets);
   const double eps = opt_.label_smoothing;
   if (eps == 0) return ce;

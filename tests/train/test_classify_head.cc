@@ -266,6 +266,62 @@ TEST(ClassifyHead, LabelSmoothingLossIsTorchsFormula) {
   EXPECT_THROW(ClassifyObjective(dev, bad), ValueError);
 }
 
+// --classifier-dropout: inverted dropout on the pooled state, training only. The masks are a function
+// of (seed, batch) (so a resumed run draws a straight run's masks), dropout 0 is the plain loss, the
+// mean over masks is the undropped logits, and a rate outside [0, 1) is refused naming the option.
+TEST(ClassifyHead, ClassifierDropoutIsUnbiasedSeededByTheBatchAndOnlyInTraining) {
+  model::Decoder d(head_config({"a", "b", "c"}, "mean"));
+  d.init_weights(4);
+  const ClassifyRecord r1{{5, 6, 7}, 2}, r2{{8, 9}, 0};
+  const Batch b = make_classify_batch({&r1, &r2}, 0);
+  std::vector<ClassifyRecord> dev;
+  autograd::NoGradGuard ng;
+  auto loss_with = [&](double p, uint64_t seed, const Batch& batch) {
+    ClassifyTrainOptions o;
+    o.dropout = p;
+    o.seed = seed;
+    ClassifyObjective obj(dev, o);
+    return obj.loss(d, batch).item();
+  };
+  const double plain = ops::cross_entropy(classifier_logits(d, b), b.targets).item();
+  EXPECT_EQ(loss_with(0, 1, b), plain);
+  const double dropped = loss_with(0.5, 1, b);
+  EXPECT_NE(dropped, plain);
+  EXPECT_EQ(loss_with(0.5, 1, b), dropped);  // the same (seed, batch): the same masks
+  EXPECT_NE(loss_with(0.5, 2, b), dropped);  // another seed: other masks
+  const ClassifyRecord r3{{5, 6, 7}, 2}, r4{{8, 10}, 0};
+  EXPECT_NE(loss_with(0.5, 1, make_classify_batch({&r3, &r4}, 0)), dropped);  // another batch: other masks
+  // Inverted dropout is unbiased: the mean of the dropped logits over many masks is the plain logits.
+  const auto z = floats(classifier_logits(d, b));
+  std::vector<double> mean(z.size(), 0.0);
+  const int n = 4000;
+  for (int i = 0; i < n; ++i) {
+    Generator g(1000 + i);
+    const auto zi = floats(classifier_logits(d, b, true, 0.3f, &g));
+    for (size_t j = 0; j < z.size(); ++j) mean[j] += zi[j] / n;
+  }
+  double scale = 0;
+  for (float v : z) scale = std::max(scale, std::abs(double(v)));
+  for (size_t j = 0; j < z.size(); ++j) EXPECT_NEAR(mean[j], z[j], 0.05 * scale + 1e-4) << j;
+  // Evaluation never drops: the dev scores of a model are the same whatever the rate.
+  const std::vector<ClassifyRecord> dev2{r1, r2};
+  auto dev_loss = [&](double p) {
+    ClassifyTrainOptions o;
+    o.dropout = p;
+    o.seed = 1;
+    ClassifyObjective obj(dev2, o);
+    std::vector<std::pair<std::string, double>> fields;
+    return obj.evaluate(d, 1, fields);
+  };
+  EXPECT_EQ(dev_loss(0.5), dev_loss(0));
+  for (const double bad : {1.0, -0.1, std::nan("")}) {
+    ClassifyTrainOptions o;
+    o.dropout = bad;
+    EXPECT_NE(error_of([&] { ClassifyObjective(dev, o); }).find("--classifier-dropout must be in [0, 1)"), std::string::npos)
+        << bad;
+  }
+}
+
 TEST(ClassifyCalibration, TemperatureUndoesAScaling) {
   // Logits whose true temperature is 1 (labels drawn from softmax(z)), shown scaled by 3: the fit
   // must find T ~ 3, and the ECE after it is lower than before.
@@ -382,9 +438,11 @@ TEST(ClassifyTrain, FrozenBodyTrainsOnlyTheHead) {
 
 TEST(ClassifyTrain, ResumeIsBitIdentical) {
   ToyRun t = toy_run("resume");
-  auto run = [&](const fs::path& out, int64_t stop_at, bool resume, model::Decoder& d) {
+  auto run = [&](const fs::path& out, int64_t stop_at, bool resume, model::Decoder& d, double dropout) {
     ClassifyTrainOptions co;
     co.label_smoothing = 0.1;
+    co.dropout = dropout;
+    co.seed = 7;
     ClassifyObjective obj(t.dev, co);
     ClassifySampler sampler(t.train, 2, false, 0, 7);
     TrainOptions o = toy_options(out, 12);
@@ -393,18 +451,24 @@ TEST(ClassifyTrain, ResumeIsBitIdentical) {
     o.resume = resume;
     train(d, sampler, nullptr, nullptr, "", o);
   };
-  model::Decoder straight(head_config({"RED", "BLUE"}));
-  straight.init_weights(1);
-  run(t.dir / "a", 0, false, straight);
-  model::Decoder resumed(head_config({"RED", "BLUE"}));
-  resumed.init_weights(1);
-  run(t.dir / "b", 7, false, resumed);  // the straight run crosses an epoch boundary (160 records) at step 10
-  model::Decoder again(head_config({"RED", "BLUE"}));
-  again.init_weights(1);
-  run(t.dir / "b", 0, true, again);
-  for (size_t i = 0; i < straight.named_parameters().size(); ++i)
-    EXPECT_EQ(floats(straight.named_parameters()[i].second), floats(again.named_parameters()[i].second))
-        << straight.named_parameters()[i].first;
+  std::vector<float> head_without_dropout;
+  for (const double dropout : {0.0, 0.3}) {  // with --classifier-dropout the resumed run draws the same masks
+    const std::string tag = dropout > 0 ? "_dropout" : "";
+    model::Decoder straight(head_config({"RED", "BLUE"}));
+    straight.init_weights(1);
+    run(t.dir / ("a" + tag), 0, false, straight, dropout);
+    model::Decoder resumed(head_config({"RED", "BLUE"}));
+    resumed.init_weights(1);
+    run(t.dir / ("b" + tag), 7, false, resumed, dropout);  // the straight run crosses an epoch boundary (160 records) at step 10
+    model::Decoder again(head_config({"RED", "BLUE"}));
+    again.init_weights(1);
+    run(t.dir / ("b" + tag), 0, true, again, dropout);
+    for (size_t i = 0; i < straight.named_parameters().size(); ++i)
+      EXPECT_EQ(floats(straight.named_parameters()[i].second), floats(again.named_parameters()[i].second))
+          << straight.named_parameters()[i].first << " dropout " << dropout;
+    if (dropout == 0) head_without_dropout = floats(straight.classifier_weight());
+    else EXPECT_NE(floats(straight.classifier_weight()), head_without_dropout);  // the rate reached training
+  }
   fs::remove_all(t.dir);
 }
 
