@@ -19,6 +19,7 @@
 #include "batch_api.h"
 #include "corelm/durable.h"
 #include "corelm/error.h"
+#include "corelm/hash.h"
 #include "corelm/model_loader.h"
 #include "corelm/serve.h"
 #include "corelm/utf8.h"
@@ -37,13 +38,6 @@ constexpr int kMaxReportedErrors = 20;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 std::string hex64(uint64_t v) {
   char out[17];

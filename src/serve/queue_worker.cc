@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "corelm/error.h"
+#include "corelm/hash.h"
 
 namespace corelm::serve {
 
@@ -340,15 +341,11 @@ std::string QueueWorker::default_worker_id() {
 }
 
 uint64_t QueueWorker::seed_for(const std::string& endpoint, const std::string& model, const std::string& body) {
-  // FNV-1a, 64 bit: stable across builds and machines (std::hash is neither).
-  uint64_t h = 1469598103934665603ull;
+  // FNV-1a (corelm/hash.h): stable across builds and machines.
+  uint64_t h = kFnv1aOffset;
   auto mix = [&](const std::string& s) {
-    for (unsigned char c : s) {
-      h ^= c;
-      h *= 1099511628211ull;
-    }
-    h ^= 0xff;  // field separator: ("ab","c") and ("a","bc") differ
-    h *= 1099511628211ull;
+    h = fnv1a(s, h);
+    h = fnv1a(std::string_view("\xff", 1), h);  // field separator: ("ab","c") and ("a","bc") differ
   };
   mix(endpoint);
   mix(model);

@@ -10,6 +10,7 @@
 
 #include "corelm/autograd.h"
 #include "corelm/error.h"
+#include "corelm/hash.h"
 #include "corelm/ops.h"
 #include "corelm/safetensors.h"
 #include "corelm/train.h"
@@ -294,17 +295,14 @@ ClassifyObjective::ClassifyObjective(const std::vector<ClassifyRecord>& dev, con
 }
 
 namespace {
-// FNV-1a over the batch's ids and lengths, mixed with the seed: the dropout masks of a batch.
+// FNV-1a (corelm/hash.h) over the batch's ids and lengths, mixed with the seed: the dropout masks
+// of a batch.
 uint64_t batch_mask_seed(uint64_t seed, const Batch& batch) {
-  uint64_t h = 1469598103934665603ull ^ (seed * 0x9E3779B97F4A7C15ull);
-  auto mix = [&h](int64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xFF;
-      h *= 1099511628211ull;
-    }
-  };
-  for (const int64_t v : batch.ids.to_int_vector()) mix(v);
-  for (const int64_t v : batch.lengths.to_int_vector()) mix(v);
+  uint64_t h = kFnv1aOffset ^ (seed * 0x9E3779B97F4A7C15ull);
+  for (const Tensor* t : {&batch.ids, &batch.lengths}) {
+    const std::vector<int64_t> v = t->to_int_vector();
+    h = fnv1a_bytes(v.data(), v.size() * sizeof(int64_t), h);
+  }
   return h;
 }
 }  // namespace

@@ -24,7 +24,7 @@ HEADER_OWNER = {
     "architecture.h": "model", "autocast.h": "ops", "autograd.h": "autograd", "bench_matrix.h": "infer", "c_api.h": "capi",
     "chat_template.h": "infer",
     "constraint.h": "infer", "corpus_build.h": "pipeline", "device.h": "core", "dtype.h": "core",
-    "durable.h": "core", "error.h": "core", "eval_task.h": "pipeline", "finite.h": "core",
+    "durable.h": "core", "error.h": "core", "eval_task.h": "pipeline", "finite.h": "core", "hash.h": "core",
     "generate.h": "infer", "gguf.h": "io", "isa.h": "kernels", "kv_cache_type.h": "model",
     "llama2c.h": "io", "model.h": "model", "model_dir.h": "model", "model_loader.h": "model",
     "mpi.h": "dist", "ops.h": "ops", "optim.h": "train", "out_of_memory.h": "core",
