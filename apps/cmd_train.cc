@@ -43,7 +43,8 @@ struct TrainArgs {
   // --task classify (run_classify below)
   std::string task = "lm", text_field = "text", label_field = "label", template_text = "{text}", dev, pooling;
   std::vector<std::string> labels;
-  double epochs = 0, label_smoothing = 0, classifier_dropout = 0;
+  double epochs = 0, label_smoothing = 0, classifier_dropout = 0, distill_weight = 0.5;
+  std::string teacher_field;
   bool balance = false, freeze_body = false, val_fraction_given = false;
   bool mpi = false, no_overlap = false;  // data-parallel over MPI (docs/SCALE-OUT.md)
   int64_t bucket_kb = 4096, checksum_every = 100;
@@ -160,8 +161,8 @@ int run_rank(const TrainArgs& a, const dist::World& world) {
                  world.size(), " ranks); data-parallel training is for --task lm");
     return run_classify(a);
   }
-  CORELM_CHECK(a.labels.empty() && a.dev.empty() && a.epochs == 0, ValueError,
-               "train: --labels, --dev and --epochs are for --task classify");
+  CORELM_CHECK(a.labels.empty() && a.dev.empty() && a.epochs == 0 && a.teacher_field.empty(), ValueError,
+               "train: --labels, --dev, --epochs and --teacher-field are for --task classify");
   CORELM_CHECK(a.steps > 0, ValueError, "train: --steps is required (a positive number of optimizer steps)");
   const bool root = world.is_root();
   CORELM_CHECK(!a.data.empty() || !a.sft.empty(), ValueError, "train: give --data FILE... or --sft pairs.jsonl");
@@ -347,6 +348,7 @@ int run_classify(const TrainArgs& a) {
   d.label_field = a.label_field;
   d.template_text = tmpl;
   d.max_tokens = std::min<int64_t>(a.seq, config.max_position_embeddings);
+  d.teacher_field = a.teacher_field;
   // Read (and checked, naming FILE:LINE) once: the text trains the tokenizer when none is given.
   const std::vector<train::ClassifyText> texts = train::read_classify_texts(a.data[0], d);
   std::string tokenizer_path = given_tokenizer_path(a, start);
@@ -375,7 +377,9 @@ int run_classify(const TrainArgs& a) {
   std::vector<train::ClassifyRecord> train_records, dev_records;
   if (!a.dev.empty()) {
     train_records = std::move(records);
-    dev_records = train::load_classify_records(a.dev, *tok, d);
+    train::ClassifyDataOptions dev_options = d;
+    dev_options.teacher_field.clear();  // dev records are scored against their labels only
+    dev_records = train::load_classify_records(a.dev, *tok, dev_options);
   } else {
     train::stratified_split(records, a.val_fraction_given ? a.val_fraction : 0.1, train_records, dev_records,
                             labels.size());
@@ -420,6 +424,7 @@ int run_classify(const TrainArgs& a) {
   train::ClassifyTrainOptions co;
   co.label_smoothing = a.label_smoothing;
   co.dropout = a.classifier_dropout;
+  co.distill_weight = a.distill_weight;
   co.seed = a.seed;
   co.train_body = !a.freeze_body;
   co.pad_id = pad;
@@ -451,6 +456,10 @@ int run_classify(const TrainArgs& a) {
                                  {"tokens_per_s", r.tokens_per_s},
                                  {"threads", a.threads},
                                  {"checkpoint", r.checkpoint}};
+  if (!a.teacher_field.empty()) {
+    summary["teacher_field"] = a.teacher_field;
+    summary["distill_weight"] = a.distill_weight;
+  }
   if (r.stopped_by_signal) summary["stopped_by_signal"] = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
   std::cout << summary.dump() << "\n";
   return r.stopped_by_signal ? 128 + r.stopped_by_signal : 0;
@@ -561,6 +570,13 @@ RegisterCommand reg([](CLI::App& root) {
       ->capture_default_str();
   c->add_option("--classifier-dropout", a->classifier_dropout,
                 "classify: dropout on the pooled state before the head while training (0: none)")
+      ->capture_default_str();
+  c->add_option("--teacher-field", a->teacher_field,
+                "classify: distil from a teacher: the records' field holding its probability of each label "
+                "({label: p}, as `run classify` writes \"probs\", or an array in label order)");
+  c->add_option("--distill-weight", a->distill_weight,
+                "classify with --teacher-field: weight w of the teacher's soft targets; the loss is "
+                "(1 - w) * CE(labels) + w * CE(teacher)")
       ->capture_default_str();
   c->add_flag("--balance", a->balance, "classify: class-balanced sampling (a uniform class, then a record of it)");
   c->add_flag("--freeze-body", a->freeze_body, "classify: train only the head (score.weight)");

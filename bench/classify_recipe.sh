@@ -53,6 +53,10 @@
 #                     by DEV accuracy, each kept only when DEV does not fall); a point's checkpoint
 #                     at its best step is the point's own weights, and `corelm merge` counts such a
 #                     duplicate once. 0 (default): the grid points alone. Needs SOUP=1.
+#   TEACHER=FIELD     distil (round 3, docs/TRAINING.md): TRAIN's records carry a teacher's
+#                     probabilities in FIELD (bench/teacher_probs.py writes them from the final models
+#                     of earlier runs); every grid point trains with --teacher-field FIELD
+#                     --distill-weight ${DISTILL_WEIGHT:-0.5}. Round 1 and DEV are unchanged.
 #   SEED=0            --seed of round 1 and of every grid point (weights of the head, data order)
 #   GRID_ONLY=1       stop once round 1 and the grid points are trained (no soup, no TEST, no JSON):
 #                     train a grid's points on separate cores (LRS=one value each, in copies of WORK
@@ -103,6 +107,7 @@ base=(--task classify --labels "$labels" --data "$train" --dev "$dev" --steps "$
       --seq "$seq" --label-smoothing 0.1 --weight-decay 0.1 --eval-every "$eval_every" --save-every "$save_every"
       --keep-checkpoints "$keep" --no-progress --threads 1 --compute-dtype "${COMPUTE:-bf16}" --seed "${SEED:-0}")
 [[ ${DROPOUT:-0} != 0 ]] && base+=(--classifier-dropout "$DROPOUT")
+[[ -n ${TEACHER:-} ]] && base+=(--teacher-field "$TEACHER" --distill-weight "${DISTILL_WEIGHT:-0.5}")
 start=$(date +%s.%N)
 init=${INIT:-}
 # TRAIN's text, one record a line (labels dropped): the language-model data of rounds 0 and 1.
@@ -238,5 +243,7 @@ print(json.dumps({
                "dev_ece": soup["dev_ece"] if soup else tr["ece_after"],
                "temperature": soup["temperature"] if soup else tr["temperature"], "label_smoothing": 0.1, "weight_decay": 0.1,
                "classifier_dropout": float(os.environ.get("DROPOUT", "0")),
+               "teacher": ({"field": os.environ["TEACHER"], "distill_weight": float(os.environ.get("DISTILL_WEIGHT", "0.5"))}
+                           if os.environ.get("TEACHER") else None),
                "vocab": cfg["vocab_size"], "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"]}}))
 PY

@@ -65,6 +65,7 @@ class TokenDataset {
 struct Batch {
   Tensor ids, targets;
   Tensor lengths = Tensor();  // classification batches only: real tokens per row [B] i64 (targets: labels [B])
+  Tensor soft_targets = Tensor();  // classification with a teacher only: its probabilities [B, L] f32
   int64_t tokens() const { return ids.defined() ? ids.numel() : 0; }
 };
 
@@ -330,6 +331,7 @@ std::shared_ptr<void> lock_output_dir(const std::string& out_dir);
 struct ClassifyRecord {
   std::vector<TokenId> ids;  // the prompt, truncated to max_tokens (the first tokens kept)
   int64_t label = 0;         // index into the labels
+  std::vector<float> teacher;  // soft target per label (distillation; sums to 1), empty: none
 };
 
 struct ClassifyDataOptions {
@@ -337,10 +339,16 @@ struct ClassifyDataOptions {
   std::string text_field = "text", label_field = "label";
   std::string template_text = "{text}";  // must hold {text} once
   int64_t max_tokens = 128;
+  // Distillation (--teacher-field): a field holding a teacher's probability of every label, an
+  // object {label: p} over exactly `labels` (what `corelm run classify` writes as "probs") or an
+  // array of p in label order; each p finite and >= 0, the sum within 1e-3 of 1 (then
+  // renormalised). "" (default): not read.
+  std::string teacher_field;
 };
 
 // JSONL records {text_field: string, label_field: string or integer}. FormatError "FILE:LINE: ..."
-// for a malformed line, a missing field or a label outside `labels` (naming the label and the set);
+// for a malformed line, a missing field, a label outside `labels` (naming the label and the set) or,
+// with teacher_field, a missing or malformed teacher distribution (naming the field and the label);
 // FormatError naming the file when it holds no record. Blank lines are skipped.
 std::vector<ClassifyRecord> load_classify_records(const std::string& path, const Tokenizer& tokenizer,
                                                   const ClassifyDataOptions& options);
@@ -350,6 +358,7 @@ struct ClassifyText {
   std::string text;   // the text field, without the template
   int64_t label = 0;  // index into the labels
   std::string where;  // FILE:LINE, for the errors of encoding
+  std::vector<float> teacher;  // with teacher_field: the soft target per label
 };
 std::vector<ClassifyText> read_classify_texts(const std::string& path, const ClassifyDataOptions& options);
 // ... and their encoding (template applied, truncated to max_tokens).
@@ -362,7 +371,9 @@ std::vector<int64_t> label_counts(const std::vector<ClassifyRecord>& records, si
 void stratified_split(const std::vector<ClassifyRecord>& all, double fraction, std::vector<ClassifyRecord>& train,
                       std::vector<ClassifyRecord>& dev, size_t num_labels);
 
-// Rows padded to the longest (pad_id); targets = labels [B], lengths = real tokens [B].
+// Rows padded to the longest (pad_id); targets = labels [B], lengths = real tokens [B]; when the
+// rows carry teacher distributions (all of them or none: ValueError otherwise), soft_targets =
+// those [B, L] f32.
 Batch make_classify_batch(const std::vector<const ClassifyRecord*>& rows, TokenId pad_id);
 
 // Training order: shuffled epochs (every record once per epoch, a fresh permutation each), or
@@ -418,13 +429,18 @@ struct ClassifyTrainOptions {
   // ids and lengths), so a resumed run draws the masks a straight run draws. Evaluation and
   // inference never drop.
   double dropout = 0;
+  // Distillation: with soft targets in the batch, the loss is (1 - w) * (the label-smoothed CE on
+  // the labels) + w * (the cross-entropy against the teacher's distribution, -sum_c q_c log p_c,
+  // averaged over rows), w in [0, 1]. Ignored when a batch has no soft targets.
+  double distill_weight = 0.5;
   uint64_t seed = 0;
   bool train_body = true;      // false: only the head learns
   int64_t eval_batch = 32;
   TokenId pad_id = 0;
 };
 
-// The head's objective for train(): cross-entropy (with label smoothing) on the head logits;
+// The head's objective for train(): cross-entropy (with label smoothing, and a teacher's soft
+// targets when the batch carries them) on the head logits;
 // each evaluation scores the dev records (dev_accuracy, dev_loss) and keeps a copy of the
 // parameters of the best one (highest accuracy, ties by the lower loss). The copy is also written
 // to out_dir/best_dev.safetensors (atomically, its step, accuracy and loss in the metadata) so a

@@ -57,6 +57,52 @@ std::pair<std::string, std::string> template_parts(const ClassifyDataOptions& o)
 }
 }  // namespace
 
+namespace {
+// The teacher's distribution of one record (ClassifyDataOptions::teacher_field), in label order.
+std::vector<float> read_teacher(const nlohmann::json& j, const ClassifyDataOptions& o, const std::string& where) {
+  const std::string field = "field \"" + o.teacher_field + "\" (--teacher-field)";
+  CORELM_CHECK(j.contains(o.teacher_field), FormatError, where, ": missing ", field);
+  const nlohmann::json& v = j[o.teacher_field];
+  const size_t L = o.labels.size();
+  std::vector<double> p(L, 0);
+  std::vector<bool> given(L, false);
+  if (v.is_object()) {
+    for (const auto& [key, value] : v.items()) {
+      const auto it = std::find(o.labels.begin(), o.labels.end(), key);
+      CORELM_CHECK(it != o.labels.end(), FormatError, where, ": ", field, " names label '", escape_invalid_utf8(key),
+                   "', not one of --labels (", label_set(o.labels), ")");
+      CORELM_CHECK(value.is_number(), FormatError, where, ": ", field, ": the probability of '", key,
+                   "' must be a number, got ", value.dump());
+      p[static_cast<size_t>(it - o.labels.begin())] = value.get<double>();
+      given[static_cast<size_t>(it - o.labels.begin())] = true;
+    }
+    for (size_t c = 0; c < L; ++c)
+      CORELM_CHECK(given[c], FormatError, where, ": ", field, " has no probability for label '", o.labels[c], "'");
+  } else if (v.is_array()) {
+    CORELM_CHECK(v.size() == L, FormatError, where, ": ", field, " holds ", v.size(), " probabilities for ", L,
+                 " labels (", label_set(o.labels), ")");
+    for (size_t c = 0; c < L; ++c) {
+      CORELM_CHECK(v[c].is_number(), FormatError, where, ": ", field, ": entry ", c, " must be a number, got ",
+                   v[c].dump());
+      p[c] = v[c].get<double>();
+    }
+  } else {
+    throw FormatError(where + ": " + field + " must be an object {label: probability} or an array, got " + v.dump());
+  }
+  double sum = 0;
+  for (size_t c = 0; c < L; ++c) {
+    CORELM_CHECK(std::isfinite(p[c]) && p[c] >= 0, FormatError, where, ": ", field, ": the probability of '",
+                 o.labels[c], "' must be finite and >= 0, got ", p[c]);
+    sum += p[c];
+  }
+  CORELM_CHECK(std::abs(sum - 1) <= 1e-3, FormatError, where, ": ", field, ": the probabilities sum to ", sum,
+               ", not 1");
+  std::vector<float> out(L);
+  for (size_t c = 0; c < L; ++c) out[c] = static_cast<float>(p[c] / sum);
+  return out;
+}
+}  // namespace
+
 std::vector<ClassifyText> read_classify_texts(const std::string& path, const ClassifyDataOptions& o) {
   template_parts(o);
   std::vector<ClassifyText> out;
@@ -75,7 +121,9 @@ std::vector<ClassifyText> read_classify_texts(const std::string& path, const Cla
     const auto it = std::find(o.labels.begin(), o.labels.end(), label);
     CORELM_CHECK(it != o.labels.end(), FormatError, where, ": label '", escape_invalid_utf8(label),
                  "' is not one of --labels (", label_set(o.labels), ")");
-    out.push_back(ClassifyText{j[o.text_field].get<std::string>(), it - o.labels.begin(), where});
+    ClassifyText t{j[o.text_field].get<std::string>(), it - o.labels.begin(), where, {}};
+    if (!o.teacher_field.empty()) t.teacher = read_teacher(j, o, where);
+    out.push_back(std::move(t));
   });
   CORELM_CHECK(!out.empty(), FormatError, path, ": no records (empty data)");
   return out;
@@ -89,6 +137,7 @@ std::vector<ClassifyRecord> encode_classify_records(const std::vector<ClassifyTe
   for (const ClassifyText& t : texts) {
     ClassifyRecord r;
     r.label = t.label;
+    r.teacher = t.teacher;
     r.ids = tokenizer.encode(prefix + t.text + suffix);
     if (r.ids.empty() && tokenizer.eos_id()) r.ids.push_back(*tokenizer.eos_id());
     CORELM_CHECK(!r.ids.empty(), FormatError, t.where, ": the text encodes to no tokens");
@@ -141,6 +190,21 @@ Batch make_classify_batch(const std::vector<const ClassifyRecord*>& rows, TokenI
   }
   Batch out{Tensor::from_vector(ids, {B, static_cast<int64_t>(T)}), Tensor::from_vector(labels, {B})};
   out.lengths = Tensor::from_vector(lengths, {B});
+  const size_t L = rows[0]->teacher.size();
+  if (L > 0) {
+    std::vector<float> soft;
+    soft.reserve(static_cast<size_t>(B) * L);
+    for (const auto* r : rows) {
+      CORELM_CHECK(r->teacher.size() == L, ValueError, "make_classify_batch: rows with and without teacher "
+                   "distributions (or of different lengths) in one batch");
+      soft.insert(soft.end(), r->teacher.begin(), r->teacher.end());
+    }
+    out.soft_targets = Tensor::from_vector(soft, {B, static_cast<int64_t>(L)});
+  } else {
+    for (const auto* r : rows)
+      CORELM_CHECK(r->teacher.empty(), ValueError, "make_classify_batch: rows with and without teacher "
+                   "distributions in one batch");
+  }
   return out;
 }
 
@@ -291,6 +355,8 @@ ClassifyObjective::ClassifyObjective(const std::vector<ClassifyRecord>& dev, con
                ValueError, "classify: --label-smoothing must be in [0, 1), got ", opt_.label_smoothing);
   CORELM_CHECK(std::isfinite(opt_.dropout) && opt_.dropout >= 0 && opt_.dropout < 1, ValueError,
                "classify: --classifier-dropout must be in [0, 1), got ", opt_.dropout);
+  CORELM_CHECK(std::isfinite(opt_.distill_weight) && opt_.distill_weight >= 0 && opt_.distill_weight <= 1, ValueError,
+               "classify: --distill-weight must be in [0, 1], got ", opt_.distill_weight);
   CORELM_CHECK(opt_.eval_batch >= 1, ValueError, "classify: evaluation batch must be positive");
 }
 
@@ -312,11 +378,22 @@ Tensor ClassifyObjective::loss(const model::Decoder& model, const Batch& batch) 
   const Tensor logits = classifier_logits(model, batch, opt_.train_body, static_cast<float>(opt_.dropout), &gen);
   const Tensor ce = ops::cross_entropy(logits, batch.targets);
   const double eps = opt_.label_smoothing;
-  if (eps == 0) return ce;
+  Tensor hard = ce;
   // Smoothed target (1 - eps) * onehot + eps / L: the loss is (1 - eps) * CE + eps * mean over
   // classes of -log_softmax (as torch's label_smoothing).
-  const Tensor uniform = ops::neg(ops::mean(ops::log_softmax(logits, -1)));
-  return ops::add(ops::scale(ce, static_cast<float>(1 - eps)), ops::scale(uniform, static_cast<float>(eps)));
+  if (eps != 0) {
+    const Tensor uniform = ops::neg(ops::mean(ops::log_softmax(logits, -1)));
+    hard = ops::add(ops::scale(ce, static_cast<float>(1 - eps)), ops::scale(uniform, static_cast<float>(eps)));
+  }
+  const double w = opt_.distill_weight;
+  if (!batch.soft_targets.defined() || w == 0) return hard;
+  CORELM_CHECK(batch.soft_targets.shape() == logits.shape(), ValueError, "classify: the teacher's distributions ",
+               shape_str(batch.soft_targets.shape()), " do not match the head's logits ", shape_str(logits.shape()));
+  // Cross-entropy against the teacher: -sum_c q_c log p_c, averaged over the rows.
+  const float rows = static_cast<float>(logits.shape()[0]);
+  const Tensor soft = ops::scale(ops::sum(ops::mul(batch.soft_targets, ops::log_softmax(logits, -1))), -1.0f / rows);
+  if (w == 1) return soft;
+  return ops::add(ops::scale(hard, static_cast<float>(1 - w)), ops::scale(soft, static_cast<float>(w)));
 }
 
 double ClassifyObjective::evaluate(const model::Decoder& model, int64_t step,

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/cli_runner.h"
 #include "corelm/model_dir.h"
@@ -107,6 +108,47 @@ TEST_F(PosttrainFaultTest, SingleClassDataIsRefusedNamingTheMissingLabels) {
   EXPECT_EQ(r.rc, 1) << r.all();
   EXPECT_NE(r.err.find("holds training records of only 1 of the 2 labels (missing: BLUE)"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(path("out") + "/model.safetensors"));
+}
+
+// --teacher-field: the records' teacher distributions train the head (the summary names the field
+// and the weight; the dev file needs none), and a record without one, a weight outside [0, 1] or
+// the option without --task classify are refused naming the line or the option.
+TEST_F(PosttrainFaultTest, TeacherFieldTrainsAndBadTeachersAreRefused) {
+  std::string taught;
+  std::istringstream in(records(24, 9));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line);
+    const bool red = j["label"] == "RED";
+    j["probs"] = {{"RED", red ? 0.8 : 0.3}, {"BLUE", red ? 0.2 : 0.7}};
+    taught += j.dump() + "\n";
+  }
+  write_text(path("taught.jsonl"), taught);
+  auto args = train_args(path("taught.jsonl"), path("t1"));
+  args.insert(args.end(), {"--dev", path("dev.jsonl"), "--teacher-field", "probs", "--distill-weight", "0.7"});
+  CliResult r = run_corelm(args, opts());
+  ASSERT_EQ(r.rc, 0) << r.all();
+  const nlohmann::json summary = nlohmann::json::parse(r.out);
+  EXPECT_EQ(summary["teacher_field"], "probs");
+  EXPECT_DOUBLE_EQ(summary["distill_weight"].get<double>(), 0.7);
+  // A record without the field names its line and the option.
+  write_text(path("half.jsonl"), taught + R"({"text": "red rose", "label": "RED"})" + "\n");
+  args = train_args(path("half.jsonl"), path("t2"));
+  args.insert(args.end(), {"--teacher-field", "probs"});
+  r = run_corelm(args, opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find(path("half.jsonl") + ":25: missing field \"probs\" (--teacher-field)"), std::string::npos)
+      << r.err;
+  args = train_args(path("taught.jsonl"), path("t3"));
+  args.insert(args.end(), {"--teacher-field", "probs", "--distill-weight", "1.5"});
+  r = run_corelm(args, opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--distill-weight must be in [0, 1]"), std::string::npos) << r.err;
+  r = run_corelm({"train", "--data", path("train.jsonl"), "--out", path("t4"), "--steps", "2", "--teacher-field",
+                  "probs"},
+                 opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--teacher-field are for --task classify"), std::string::npos) << r.err;
 }
 
 TEST_F(PosttrainFaultTest, OneLabelAndBadOptionsAreRefused) {

@@ -1,5 +1,6 @@
 // The classification head: config.json fields (HF id2label / label2id), the score.weight tensor
 // through save/load, records and their errors, stratified splits, pooling, label smoothing,
+// distillation from a teacher's soft targets,
 // temperature scaling, and train() with the classify objective (learning, best-checkpoint
 // selection, bit-identical resume), and weight averaging of heads (`corelm merge`).
 #include <gtest/gtest.h>
@@ -182,6 +183,49 @@ TEST(ClassifyRecords, BadLabelEmptyFileAndMissingFieldNameFileAndLine) {
   fs::remove_all(dir);
 }
 
+// --teacher-field: a teacher's distribution per record, as `run classify` writes "probs" ({label: p})
+// or an array in label order; renormalised, and every malformed one named by FILE:LINE and field.
+TEST(ClassifyRecords, TeacherDistributionsAreReadAndBadOnesNameFileLineAndField) {
+  const fs::path dir = temp_dir("teacher");
+  auto tok = make_tokenizer(dir);
+  ClassifyDataOptions o;
+  o.labels = {"RED", "BLUE", "GREEN"};
+  o.teacher_field = "probs";
+  write_text(dir / "ok.jsonl",
+             "{\"text\": \"red\", \"label\": \"RED\", \"probs\": {\"BLUE\": 0.25, \"RED\": 0.7, \"GREEN\": 0.05}}\n"
+             "{\"text\": \"sky\", \"label\": \"BLUE\", \"probs\": [0.1, 0.8, 0.1004]}\n");
+  const auto recs = load_classify_records((dir / "ok.jsonl").string(), *tok, o);
+  ASSERT_EQ(recs.size(), 2u);
+  ASSERT_EQ(recs[0].teacher.size(), 3u);
+  EXPECT_FLOAT_EQ(recs[0].teacher[0], 0.7f);
+  EXPECT_FLOAT_EQ(recs[0].teacher[1], 0.25f);
+  EXPECT_FLOAT_EQ(recs[0].teacher[2], 0.05f);
+  EXPECT_NEAR(recs[1].teacher[0] + recs[1].teacher[1] + recs[1].teacher[2], 1.0, 1e-6);  // renormalised
+  EXPECT_NEAR(recs[1].teacher[1], 0.8 / 1.0004, 1e-6);
+  // Without the option the field is not read.
+  ClassifyDataOptions plain = o;
+  plain.teacher_field.clear();
+  EXPECT_TRUE(load_classify_records((dir / "ok.jsonl").string(), *tok, plain)[0].teacher.empty());
+  const std::string head = "{\"text\": \"red\", \"label\": \"RED\"";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", ":1: missing field \"probs\" (--teacher-field)"},
+      {", \"probs\": {\"RED\": 0.5, \"PINK\": 0.5}", "names label 'PINK', not one of --labels (RED,BLUE,GREEN)"},
+      {", \"probs\": {\"RED\": 0.5, \"BLUE\": 0.5}", "has no probability for label 'GREEN'"},
+      {", \"probs\": [0.5, 0.5]", "holds 2 probabilities for 3 labels"},
+      {", \"probs\": [0.5, \"x\", 0.5]", "entry 1 must be a number"},
+      {", \"probs\": {\"RED\": 1.2, \"BLUE\": -0.2, \"GREEN\": 0}", "the probability of 'BLUE' must be finite and >= 0"},
+      {", \"probs\": [0.5, 0.4, 0.05]", "the probabilities sum to 0.95, not 1"},
+      {", \"probs\": \"RED\"", "must be an object {label: probability} or an array"},
+  };
+  for (const auto& [field, message] : bad) {
+    write_text(dir / "bad.jsonl", head + field + "}\n");
+    const std::string err = error_of([&] { load_classify_records((dir / "bad.jsonl").string(), *tok, o); });
+    EXPECT_NE(err.find((dir / "bad.jsonl").string() + ":1: "), std::string::npos) << err;
+    EXPECT_NE(err.find(message), std::string::npos) << field << " -> " << err;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(ClassifyRecords, TemplateAndTruncation) {
   const fs::path dir = temp_dir("template");
   auto tok = make_tokenizer(dir);
@@ -200,7 +244,7 @@ TEST(ClassifyRecords, TemplateAndTruncation) {
 
 TEST(ClassifySplit, StratifiedKeepsEveryClassInBothParts) {
   std::vector<ClassifyRecord> all;
-  for (int i = 0; i < 100; ++i) all.push_back({{1, 2}, i < 90 ? 0 : 1});  // 90 / 10
+  for (int i = 0; i < 100; ++i) all.push_back({{1, 2}, i < 90 ? 0 : 1, {}});  // 90 / 10
   std::vector<ClassifyRecord> train, dev;
   stratified_split(all, 0.2, train, dev, 2);
   EXPECT_EQ(label_counts(dev, 2), (std::vector<int64_t>{18, 2}));
@@ -212,7 +256,7 @@ TEST(ClassifyHead, PoolingPicksTheLastRealTokenOrTheMeanAndIgnoresPadding) {
   for (const std::string pooling : {"last", "mean"}) {
     model::Decoder d(head_config({"a", "b", "c"}, pooling));
     d.init_weights(9);
-    const ClassifyRecord r1{{5, 6, 7, 8, 9}, 0}, r2{{11, 12}, 1};
+    const ClassifyRecord r1{{5, 6, 7, 8, 9}, 0, {}}, r2{{11, 12}, 1, {}};
     const Tensor both = classifier_logits(d, make_classify_batch({&r1, &r2}, 0), false);
     const Tensor alone = classifier_logits(d, make_classify_batch({&r2}, 0), false);
     // Row 2 padded to 5 gives its unpadded logits (causal mask: padding comes after).
@@ -240,7 +284,7 @@ TEST(ClassifyHead, PoolingPicksTheLastRealTokenOrTheMeanAndIgnoresPadding) {
 TEST(ClassifyHead, LabelSmoothingLossIsTorchsFormula) {
   model::Decoder d(head_config({"a", "b", "c", "d"}));
   d.init_weights(3);
-  const ClassifyRecord r1{{5, 6, 7}, 2}, r2{{8, 9}, 0};
+  const ClassifyRecord r1{{5, 6, 7}, 2, {}}, r2{{8, 9}, 0, {}};
   const Batch b = make_classify_batch({&r1, &r2}, 0);
   ClassifyTrainOptions o;
   o.label_smoothing = 0.1;
@@ -266,13 +310,71 @@ TEST(ClassifyHead, LabelSmoothingLossIsTorchsFormula) {
   EXPECT_THROW(ClassifyObjective(dev, bad), ValueError);
 }
 
+// Distillation: (1 - w) * (the smoothed CE on the labels) + w * (-sum_c q_c log p_c), averaged over
+// the rows; w = 0 or a batch without soft targets is the plain loss, a teacher that is the one-hot
+// label at w = 1 is the plain CE, rows with and without a teacher are refused in one batch, and a
+// weight outside [0, 1] is refused naming the option.
+TEST(ClassifyHead, DistillationLossMixesTheLabelsAndTheTeachersCrossEntropy) {
+  model::Decoder d(head_config({"a", "b", "c", "d"}));
+  d.init_weights(3);
+  const ClassifyRecord r1{{5, 6, 7}, 2, {0.1f, 0.2f, 0.6f, 0.1f}}, r2{{8, 9}, 0, {0.4f, 0.3f, 0.2f, 0.1f}};
+  const Batch b = make_classify_batch({&r1, &r2}, 0);
+  ASSERT_TRUE(b.soft_targets.defined());
+  EXPECT_EQ(b.soft_targets.shape(), (Shape{2, 4}));
+  autograd::NoGradGuard ng;
+  const auto z = floats(classifier_logits(d, b));
+  const int64_t labels[2] = {2, 0};
+  const std::vector<float>* teacher[2] = {&r1.teacher, &r2.teacher};
+  auto expect = [&](double eps, double w) {
+    double total = 0;
+    for (int r = 0; r < 2; ++r) {
+      double m = -1e30, s = 0;
+      for (int j = 0; j < 4; ++j) m = std::max(m, double(z[r * 4 + j]));
+      for (int j = 0; j < 4; ++j) s += std::exp(z[r * 4 + j] - m);
+      const double lse = m + std::log(s);
+      double hard = 0, soft = 0;
+      for (int j = 0; j < 4; ++j) {
+        hard += (eps / 4 + (j == labels[r] ? 1 - eps : 0.0)) * (lse - z[r * 4 + j]);
+        soft += (*teacher[r])[j] * (lse - z[r * 4 + j]);
+      }
+      total += ((1 - w) * hard + w * soft) / 2;
+    }
+    return total;
+  };
+  std::vector<ClassifyRecord> dev;
+  for (double eps : {0.0, 0.1})
+    for (double w : {0.0, 0.3, 0.5, 1.0}) {
+      ClassifyTrainOptions o;
+      o.label_smoothing = eps;
+      o.distill_weight = w;
+      ClassifyObjective obj(dev, o);
+      EXPECT_NEAR(obj.loss(d, b).item(), expect(eps, w), 1e-5) << "eps " << eps << " w " << w;
+    }
+  // Without soft targets in the batch the weight does nothing.
+  const ClassifyRecord p1{{5, 6, 7}, 2, {}}, p2{{8, 9}, 0, {}};
+  const Batch plain = make_classify_batch({&p1, &p2}, 0);
+  EXPECT_FALSE(plain.soft_targets.defined());
+  ClassifyTrainOptions o;
+  o.distill_weight = 1.0;
+  ClassifyObjective obj(dev, o);
+  const double ce = ops::cross_entropy(classifier_logits(d, plain), plain.targets).item();
+  EXPECT_NEAR(obj.loss(d, plain).item(), ce, 1e-6);
+  // A one-hot teacher on the label at w = 1 is the plain CE.
+  const ClassifyRecord h1{{5, 6, 7}, 2, {0, 0, 1, 0}}, h2{{8, 9}, 0, {1, 0, 0, 0}};
+  EXPECT_NEAR(obj.loss(d, make_classify_batch({&h1, &h2}, 0)).item(), ce, 1e-5);
+  EXPECT_THROW(make_classify_batch({&r1, &p2}, 0), ValueError);
+  ClassifyTrainOptions bad;
+  bad.distill_weight = 1.5;
+  EXPECT_NE(error_of([&] { ClassifyObjective(dev, bad); }).find("--distill-weight must be in [0, 1]"), std::string::npos);
+}
+
 // --classifier-dropout: inverted dropout on the pooled state, training only. The masks are a function
 // of (seed, batch) (so a resumed run draws a straight run's masks), dropout 0 is the plain loss, the
 // mean over masks is the undropped logits, and a rate outside [0, 1) is refused naming the option.
 TEST(ClassifyHead, ClassifierDropoutIsUnbiasedSeededByTheBatchAndOnlyInTraining) {
   model::Decoder d(head_config({"a", "b", "c"}, "mean"));
   d.init_weights(4);
-  const ClassifyRecord r1{{5, 6, 7}, 2}, r2{{8, 9}, 0};
+  const ClassifyRecord r1{{5, 6, 7}, 2, {}}, r2{{8, 9}, 0, {}};
   const Batch b = make_classify_batch({&r1, &r2}, 0);
   std::vector<ClassifyRecord> dev;
   autograd::NoGradGuard ng;
@@ -289,7 +391,7 @@ TEST(ClassifyHead, ClassifierDropoutIsUnbiasedSeededByTheBatchAndOnlyInTraining)
   EXPECT_NE(dropped, plain);
   EXPECT_EQ(loss_with(0.5, 1, b), dropped);  // the same (seed, batch): the same masks
   EXPECT_NE(loss_with(0.5, 2, b), dropped);  // another seed: other masks
-  const ClassifyRecord r3{{5, 6, 7}, 2}, r4{{8, 10}, 0};
+  const ClassifyRecord r3{{5, 6, 7}, 2, {}}, r4{{8, 10}, 0, {}};
   EXPECT_NE(loss_with(0.5, 1, make_classify_batch({&r3, &r4}, 0)), dropped);  // another batch: other masks
   // Inverted dropout is unbiased: the mean of the dropped logits over many masks is the plain logits.
   const auto z = floats(classifier_logits(d, b));
@@ -418,6 +520,30 @@ TEST(ClassifyTrain, LearnsSeparableClassesKeepsBestAndWritesTemperature) {
   fs::remove_all(t.dir);
 }
 
+// The teacher drives training: at w = 1 a teacher that names the other class for every record
+// trains a head that is wrong on the dev labels, and at w = 0 the same records train a right one.
+TEST(ClassifyTrain, ATeachersSoftTargetsAreWhatTheHeadLearnsAtFullWeight) {
+  for (const double w : {1.0, 0.0}) {
+    ToyRun t = toy_run(w == 1 ? "distil_full" : "distil_none");
+    for (auto& r : t.train) r.teacher = r.label == 0 ? std::vector<float>{0.05f, 0.95f} : std::vector<float>{0.95f, 0.05f};
+    model::Decoder d(head_config({"RED", "BLUE"}));
+    d.init_weights(1);
+    ClassifyTrainOptions co;
+    co.distill_weight = w;
+    ClassifyObjective obj(t.dev, co);
+    ClassifySampler sampler(t.train, 2, false, 0, 7);
+    TrainOptions o = toy_options(t.dir / "out", 30);
+    o.objective = &obj;
+    train(d, sampler, nullptr, nullptr, "", o);
+    std::vector<int64_t> labels;
+    for (const auto& rec : t.dev) labels.push_back(rec.label);
+    const double acc = calibration_stats(classify_logits(d, t.dev, 0), labels, 1.0).accuracy;
+    if (w == 1) EXPECT_LE(acc, 0.05);
+    else EXPECT_GE(acc, 0.95);
+    fs::remove_all(t.dir);
+  }
+}
+
 TEST(ClassifyTrain, FrozenBodyTrainsOnlyTheHead) {
   ToyRun t = toy_run("frozen");
   model::Decoder d(head_config({"RED", "BLUE"}));
@@ -527,7 +653,7 @@ TEST(ClassifyTrain, ResumeKeepsTheBestSoFar) {
 
 TEST(ClassifySampler, EpochsVisitEveryRecordOnceAndBalancedDrawsEvenClasses) {
   std::vector<ClassifyRecord> recs;
-  for (int i = 0; i < 30; ++i) recs.push_back({{static_cast<TokenId>(i + 1)}, i < 27 ? 0 : 1});
+  for (int i = 0; i < 30; ++i) recs.push_back({{static_cast<TokenId>(i + 1)}, i < 27 ? 0 : 1, {}});
   ClassifySampler epochs(recs, 2, false, 0, 3);
   std::vector<int> seen(30, 0);
   for (int b = 0; b < 3; ++b)
