@@ -151,6 +151,53 @@ TEST_F(PosttrainFaultTest, TeacherFieldTrainsAndBadTeachersAreRefused) {
   EXPECT_NE(r.err.find("--teacher-field are for --task classify"), std::string::npos) << r.err;
 }
 
+// bench/teacher_probs.py (round 3's soft targets): TRAIN comes back with each record's fields and
+// the mean of the teachers' probabilities (checked against each teacher alone), which training reads
+// with --teacher-field; a teacher over other labels stops it naming the model.
+TEST_F(PosttrainFaultTest, TeacherProbsWritesTheEnsembleMeanThatTrainingReads) {
+  const std::string script = std::string(CORELM_SOURCE_DIR) + "/bench/teacher_probs.py";
+  const std::string bin = std::string(CORELM_BINARY_DIR) + "/corelm";
+  for (const std::string seed : {"1", "2"}) {
+    auto args = train_args(path("train.jsonl"), path("h" + seed));
+    args.insert(args.end(), {"--seed", seed});
+    ASSERT_EQ(run_corelm(args, opts()).rc, 0);
+  }
+  auto probs = [&](const std::vector<std::string>& models, const std::string& out) {
+    std::vector<std::string> a = {script, "--train", path("train.jsonl"), "--out", path(out), "--corelm", bin, "--models"};
+    a.insert(a.end(), models.begin(), models.end());
+    return run_program("python3", a, opts());
+  };
+  ASSERT_EQ(probs({path("h1"), path("h2")}, "both.jsonl").rc, 0);
+  ASSERT_EQ(probs({path("h1")}, "one.jsonl").rc, 0);
+  ASSERT_EQ(probs({path("h2")}, "two.jsonl").rc, 0);
+  std::ifstream src(path("train.jsonl")), both(path("both.jsonl")), one(path("one.jsonl")), two(path("two.jsonl"));
+  std::string ls, lb, l1, l2;
+  int n = 0;
+  while (std::getline(src, ls)) {
+    ASSERT_TRUE(std::getline(both, lb) && std::getline(one, l1) && std::getline(two, l2));
+    const auto o = nlohmann::json::parse(ls), b = nlohmann::json::parse(lb);
+    const auto a1 = nlohmann::json::parse(l1)["teacher"], a2 = nlohmann::json::parse(l2)["teacher"];
+    EXPECT_EQ(b["text"], o["text"]);
+    EXPECT_EQ(b["label"], o["label"]);
+    ASSERT_EQ(b["teacher"].size(), 2u);
+    for (const char* l : {"RED", "BLUE"})
+      EXPECT_NEAR(b["teacher"][l].get<double>(), (a1[l].get<double>() + a2[l].get<double>()) / 2, 1e-9);
+    EXPECT_NEAR(b["teacher"]["RED"].get<double>() + b["teacher"]["BLUE"].get<double>(), 1.0, 1e-6);
+    EXPECT_NE(a1["RED"].get<double>(), a2["RED"].get<double>());  // two different teachers
+    ++n;
+  }
+  EXPECT_EQ(n, 120);
+  auto args = train_args(path("both.jsonl"), path("student"));
+  args.insert(args.end(), {"--teacher-field", "teacher"});
+  EXPECT_EQ(run_corelm(args, opts()).rc, 0);
+  // A teacher over other labels.
+  ASSERT_EQ(run_corelm(train_args(path("train.jsonl"), path("h3"), "RED,BLUE,GREEN"), opts()).rc, 0);
+  const CliResult r = probs({path("h1"), path("h3")}, "mixed.jsonl");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find(path("h3") + " has labels"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("mixed.jsonl")));
+}
+
 TEST_F(PosttrainFaultTest, OneLabelAndBadOptionsAreRefused) {
   CliResult r = run_corelm(train_args(path("train.jsonl"), path("o1"), "RED"), opts());
   EXPECT_EQ(r.rc, 1);
