@@ -190,21 +190,16 @@ Batch make_classify_batch(const std::vector<const ClassifyRecord*>& rows, TokenI
   }
   Batch out{Tensor::from_vector(ids, {B, static_cast<int64_t>(T)}), Tensor::from_vector(labels, {B})};
   out.lengths = Tensor::from_vector(lengths, {B});
+  // Every row carries a teacher distribution of the first row's length, or none does.
   const size_t L = rows[0]->teacher.size();
-  if (L > 0) {
-    std::vector<float> soft;
-    soft.reserve(static_cast<size_t>(B) * L);
-    for (const auto* r : rows) {
-      CORELM_CHECK(r->teacher.size() == L, ValueError, "make_classify_batch: rows with and without teacher "
-                   "distributions (or of different lengths) in one batch");
-      soft.insert(soft.end(), r->teacher.begin(), r->teacher.end());
-    }
-    out.soft_targets = Tensor::from_vector(soft, {B, static_cast<int64_t>(L)});
-  } else {
-    for (const auto* r : rows)
-      CORELM_CHECK(r->teacher.empty(), ValueError, "make_classify_batch: rows with and without teacher "
-                   "distributions in one batch");
+  std::vector<float> soft;
+  soft.reserve(static_cast<size_t>(B) * L);
+  for (const auto* r : rows) {
+    CORELM_CHECK(r->teacher.size() == L, ValueError, "make_classify_batch: rows with and without teacher "
+                 "distributions (or of different lengths) in one batch");
+    soft.insert(soft.end(), r->teacher.begin(), r->teacher.end());
   }
+  if (L > 0) out.soft_targets = Tensor::from_vector(soft, {B, static_cast<int64_t>(L)});
   return out;
 }
 
@@ -378,20 +373,23 @@ Tensor ClassifyObjective::loss(const model::Decoder& model, const Batch& batch) 
   const Tensor logits = classifier_logits(model, batch, opt_.train_body, static_cast<float>(opt_.dropout), &gen);
   const Tensor ce = ops::cross_entropy(logits, batch.targets);
   const double eps = opt_.label_smoothing;
+  const double w = opt_.distill_weight;
+  const bool distil = batch.soft_targets.defined() && w != 0;
+  // log_softmax once, for the smoothing term and the teacher's term alike.
+  const Tensor logp = (eps != 0 || distil) ? ops::log_softmax(logits, -1) : Tensor();
   Tensor hard = ce;
   // Smoothed target (1 - eps) * onehot + eps / L: the loss is (1 - eps) * CE + eps * mean over
   // classes of -log_softmax (as torch's label_smoothing).
   if (eps != 0) {
-    const Tensor uniform = ops::neg(ops::mean(ops::log_softmax(logits, -1)));
+    const Tensor uniform = ops::neg(ops::mean(logp));
     hard = ops::add(ops::scale(ce, static_cast<float>(1 - eps)), ops::scale(uniform, static_cast<float>(eps)));
   }
-  const double w = opt_.distill_weight;
-  if (!batch.soft_targets.defined() || w == 0) return hard;
+  if (!distil) return hard;
   CORELM_CHECK(batch.soft_targets.shape() == logits.shape(), ValueError, "classify: the teacher's distributions ",
                shape_str(batch.soft_targets.shape()), " do not match the head's logits ", shape_str(logits.shape()));
   // Cross-entropy against the teacher: -sum_c q_c log p_c, averaged over the rows.
   const float rows = static_cast<float>(logits.shape()[0]);
-  const Tensor soft = ops::scale(ops::sum(ops::mul(batch.soft_targets, ops::log_softmax(logits, -1))), -1.0f / rows);
+  const Tensor soft = ops::scale(ops::sum(ops::mul(batch.soft_targets, logp)), -1.0f / rows);
   if (w == 1) return soft;
   return ops::add(ops::scale(hard, static_cast<float>(1 - w)), ops::scale(soft, static_cast<float>(w)));
 }
