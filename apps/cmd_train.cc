@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli_escapes.h"
@@ -34,6 +35,7 @@ struct TrainArgs {
   bool warmup_given = false, eval_every_given = false;  // else the defaults below (from --steps)
   int threads = 1, sample_tokens = 32;
   uint64_t seed = 0;
+  std::optional<uint64_t> data_seed;  // classify: the batch order's seed alone (default: seed)
   double lr = 2e-3, min_lr_ratio = 0.1, decay_fraction = 0.2, weight_decay = 0.1, clip = 1.0, time_budget = 0, val_fraction = 0.05;
   std::string sample_prompt;
   bool resume = false, no_progress = false;
@@ -161,8 +163,8 @@ int run_rank(const TrainArgs& a, const dist::World& world) {
                  world.size(), " ranks); data-parallel training is for --task lm");
     return run_classify(a);
   }
-  CORELM_CHECK(a.labels.empty() && a.dev.empty() && a.epochs == 0 && a.teacher_field.empty(), ValueError,
-               "train: --labels, --dev, --epochs and --teacher-field are for --task classify");
+  CORELM_CHECK(a.labels.empty() && a.dev.empty() && a.epochs == 0 && a.teacher_field.empty() && !a.data_seed,
+               ValueError, "train: --labels, --dev, --epochs, --teacher-field and --data-seed are for --task classify");
   CORELM_CHECK(a.steps > 0, ValueError, "train: --steps is required (a positive number of optimizer steps)");
   const bool root = world.is_root();
   CORELM_CHECK(!a.data.empty() || !a.sft.empty(), ValueError, "train: give --data FILE... or --sft pairs.jsonl");
@@ -425,12 +427,15 @@ int run_classify(const TrainArgs& a) {
   co.label_smoothing = a.label_smoothing;
   co.dropout = a.classifier_dropout;
   co.distill_weight = a.distill_weight;
-  co.seed = a.seed;
+  // The head's initial weights come from --seed; the batch order and the dropout masks from
+  // --data-seed, so fine-tunes that differ only in it start from the same point.
+  const uint64_t data_seed = a.data_seed.value_or(a.seed);
+  co.seed = data_seed;
   co.train_body = !a.freeze_body;
   co.pad_id = pad;
   train::ClassifyObjective objective(dev_records, co);
   opt.objective = &objective;
-  train::ClassifySampler sampler(train_records, labels.size(), a.balance, pad, a.seed);
+  train::ClassifySampler sampler(train_records, labels.size(), a.balance, pad, data_seed);
   if (!a.no_progress)
     std::cerr << "classify: " << train_records.size() << " train / " << dev_records.size() << " dev records, "
               << labels.size() << " labels, " << opt.steps << " steps; model: " << config.num_parameters(true)
@@ -460,6 +465,7 @@ int run_classify(const TrainArgs& a) {
     summary["teacher_field"] = a.teacher_field;
     summary["distill_weight"] = a.distill_weight;
   }
+  if (a.data_seed) summary["data_seed"] = *a.data_seed;
   if (r.stopped_by_signal) summary["stopped_by_signal"] = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
   std::cout << summary.dump() << "\n";
   return r.stopped_by_signal ? 128 + r.stopped_by_signal : 0;
@@ -492,6 +498,9 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--steps", a->steps, "optimizer steps (required, except with --task classify --epochs)");
   c->add_option("--threads", a->threads, "threads")->capture_default_str();
   c->add_option("--seed", a->seed, "seed for weights and data order")->capture_default_str();
+  c->add_option("--data-seed", a->data_seed,
+                "classify: seed of the batch order (and dropout masks) alone; the new head's weights keep "
+                "--seed (default: --seed)");
   c->add_flag("--resume", a->resume,
               "continue from the checkpoint OUT/checkpoints/latest names (bit-identical; an output folder of the "
               "older layout resumes too)");
@@ -571,13 +580,14 @@ RegisterCommand reg([](CLI::App& root) {
   c->add_option("--classifier-dropout", a->classifier_dropout,
                 "classify: dropout on the pooled state before the head while training (0: none)")
       ->capture_default_str();
-  c->add_option("--teacher-field", a->teacher_field,
+  CLI::Option* teacher = c->add_option("--teacher-field", a->teacher_field,
                 "classify: distil from a teacher: the records' field holding its probability of each label "
                 "({label: p}, as `run classify` writes \"probs\", or an array in label order)");
   c->add_option("--distill-weight", a->distill_weight,
                 "classify with --teacher-field: weight w of the teacher's soft targets; the loss is "
                 "(1 - w) * CE(labels) + w * CE(teacher)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(teacher);  // a weight without a teacher would be ignored without a word
   c->add_flag("--balance", a->balance, "classify: class-balanced sampling (a uniform class, then a record of it)");
   c->add_flag("--freeze-body", a->freeze_body, "classify: train only the head (score.weight)");
   c->add_option("--pooling", a->pooling, "classify: last (HF: the last token's hidden state) or mean")

@@ -60,6 +60,10 @@
 #                     of earlier runs); every grid point trains with --teacher-field FIELD
 #                     --distill-weight ${DISTILL_WEIGHT:-0.5}. Round 1 and DEV are unchanged.
 #   SEED=0            --seed of round 1 and of every grid point (weights of the head, data order)
+#   DATA_SEEDS="1 2"  more grid points: each (lr, pooling) is trained once more per value with
+#                     --data-seed (another batch order from the same round 1 and the same initial
+#                     head, so the points stay averageable), in OUT_dK; they are chosen among and
+#                     enter the soup like the others. Unset: none.
 #   GRID_ONLY=1       stop once round 1 and the grid points are trained (no soup, no TEST, no JSON):
 #                     train a grid's points on separate cores (LRS=one value each, in copies of WORK
 #                     sharing round 1), move them into one WORK and score it with REUSE=1
@@ -160,23 +164,26 @@ if [[ -n $init && ${ADAPT_STEPS:-0} -gt 0 ]]; then
 fi
 if [[ -n $init ]]; then base+=(--init "$init"); else base+=(--config "$work/config.json"); fi
 
+dseeds=${DATA_SEEDS:-}
 best="" best_acc=-1 best_loss=0
 for lr in $lrs; do
   for pool in $poolings; do
-    out="$work/lr${lr}_$pool"
+   for ds in "" $dseeds; do
+    out="$work/lr${lr}_$pool${ds:+_d$ds}"
     if [[ ${REUSE:-0} == 1 && -s $out.json && -f $out/model.safetensors &&
           ( $ckpt_soup == 0 || -d $out/checkpoints/step-$(printf %08d "$eval_every") ) ]]; then
       echo "classify_recipe: REUSE=1: keeping the trained $out" >&2
     else
       rm -rf "$out"
-      "${run[@]}" "$bin" train "${base[@]}" --lr "$lr" --pooling "$pool" --out "$out" > "$out.json"
+      "${run[@]}" "$bin" train "${base[@]}" --lr "$lr" --pooling "$pool" ${ds:+--data-seed "$ds"} --out "$out" > "$out.json"
     fi
     read -r acc loss < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["dev_accuracy"], j["dev_loss"])' "$out.json")
-    echo "classify_recipe: lr $lr pooling $pool: dev accuracy $acc, dev loss $loss" >&2
+    echo "classify_recipe: lr $lr pooling $pool${ds:+ data seed $ds}: dev accuracy $acc, dev loss $loss" >&2
     if python3 -c 'import sys; a,l,ba,bl=map(float,sys.argv[1:]); sys.exit(0 if a>ba or (a==ba and l<bl) else 1)' \
         "$acc" "$loss" "$best_acc" "$best_loss"; then
       best=$out best_acc=$acc best_loss=$loss
     fi
+   done
   done
 done
 [[ ${GRID_ONLY:-0} == 1 ]] && { echo "classify_recipe: GRID_ONLY=1: grid trained in $work" >&2; exit 0; }
@@ -185,10 +192,13 @@ if [[ ${SOUP:-1} == 1 ]]; then
   pool_best=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["classifier_pooling"])' "$best/config.json")
   members=()
   for lr in $lrs; do
-    members+=("$work/lr${lr}_$pool_best")
+   for ds in "" $dseeds; do
+    point="$work/lr${lr}_$pool_best${ds:+_d$ds}"
+    members+=("$point")
     if [[ $ckpt_soup == 1 ]]; then
-      for c in "$work/lr${lr}_$pool_best"/checkpoints/step-*; do [[ -f $c/model.safetensors ]] && members+=("$c"); done
+      for c in "$point"/checkpoints/step-*; do [[ -f $c/model.safetensors ]] && members+=("$c"); done
     fi
+   done
   done
   if (( ${#members[@]} >= 2 )); then
     "${run[@]}" "$bin" merge "${members[@]}" --dev "$dev" --max-tokens "$seq" --out "$work/soup" --json > "$work/soup.json"
@@ -200,9 +210,9 @@ fi
 # their optimizer state (2/3 of each checkpoint; 2.6 GB of AG News' 4.1 GB work folder) is dropped. The weights
 # stay, so REUSE=1 and a re-run of the merge still work. KEEP_OPTIMIZER=1 keeps it.
 if [[ $ckpt_soup == 1 && ${KEEP_OPTIMIZER:-0} != 1 ]]; then
-  for lr in $lrs; do for pool in $poolings; do
-    rm -f "$work/lr${lr}_$pool"/checkpoints/step-*/optimizer.safetensors
-  done; done
+  for lr in $lrs; do for pool in $poolings; do for ds in "" $dseeds; do
+    rm -f "$work/lr${lr}_$pool${ds:+_d$ds}"/checkpoints/step-*/optimizer.safetensors
+  done; done; done
 fi
 train_s=$(python3 -c "import time; print(round(time.time() - $start, 1))")
 
@@ -225,9 +235,9 @@ if [[ $single != "$best" ]]; then
     --threads 1 --batch 16 --json > "$work/test_eval_single.json"
 fi
 
-python3 - "$work" "$single" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init_round0" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" "$adapt_chosen" "$adapt_losses" <<'PY'
+python3 - "$work" "$single" "$best" "$train_s" "$lrs" "$poolings" "$steps" "$epochs" "$init_round0" "${PRETRAIN:-}" "${ADAPT_STEPS:-0}" "${ADAPT:-}" "$adapt_chosen" "$adapt_losses" "$dseeds" <<'PY'
 import json, os, sys
-work, best, model, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt, adapt_lr, adapt_losses = sys.argv[1:]
+work, best, model, train_s, lrs, pools, steps, epochs, init, pretrain, adapt_steps, adapt, adapt_lr, adapt_losses, dseeds = sys.argv[1:]
 ev = json.load(open(f"{work}/test_eval.json"))
 un = json.load(open(f"{work}/test_eval_uncalibrated.json"))
 tr = json.load(open(f"{best}.json"))
@@ -245,8 +255,10 @@ print(json.dumps({
     "recipe": {"model": model, "soup": soup, "init": init or None, "pretrain": pretrain.split() or None,
                "adapt": {"steps": int(adapt_steps), "files": adapt.split(), "lr": float(adapt_lr),
                          "heldout_loss": {k: float(v) for k, v in (x.split(":") for x in adapt_losses.split())}}
-                        if int(adapt_steps) > 0 and adapt_lr else None, "grid": {"lr": lrs.split(), "pooling": pools.split()},
-               "chosen": {"lr": float(best.rsplit("/", 1)[1].split("_")[0][2:]), "pooling": cfg["classifier_pooling"]},
+                        if int(adapt_steps) > 0 and adapt_lr else None, "grid": {"lr": lrs.split(), "pooling": pools.split(),
+                                                                  "data_seeds": [int(x) for x in dseeds.split()]},
+               "chosen": {"lr": float(best.rsplit("/", 1)[1].split("_")[0][2:]), "pooling": cfg["classifier_pooling"],
+                          "data_seed": int(best.rsplit("_d", 1)[1]) if "_d" in best.rsplit("/", 1)[1] else None},
                "steps": int(steps), "epochs": float(epochs), "best_step": tr["best_step"],
                "dev_accuracy": soup["dev_accuracy"] if soup else tr["dev_accuracy"],
                "dev_ece_before": soup["dev_ece_before"] if soup else tr["ece_before"],

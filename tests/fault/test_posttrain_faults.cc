@@ -111,8 +111,9 @@ TEST_F(PosttrainFaultTest, SingleClassDataIsRefusedNamingTheMissingLabels) {
 }
 
 // --teacher-field: the records' teacher distributions train the head (the summary names the field
-// and the weight; the dev file needs none), and a record without one, a weight outside [0, 1] or
-// the option without --task classify are refused naming the line or the option.
+// and the weight; the dev file needs none), and a record without one, a weight outside [0, 1], a
+// weight without a teacher or the option without --task classify are refused naming the line or
+// the option.
 TEST_F(PosttrainFaultTest, TeacherFieldTrainsAndBadTeachersAreRefused) {
   std::string taught;
   std::istringstream in(records(24, 9));
@@ -148,7 +149,46 @@ TEST_F(PosttrainFaultTest, TeacherFieldTrainsAndBadTeachersAreRefused) {
                   "probs"},
                  opts());
   EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.err.find("--teacher-field are for --task classify"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--teacher-field and --data-seed are for --task classify"), std::string::npos) << r.err;
+  // A weight without a teacher would change nothing: refused before anything is read or written.
+  args = train_args(path("taught.jsonl"), path("t5"));
+  args.insert(args.end(), {"--distill-weight", "0.3"});
+  r = run_corelm(args, opts());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--distill-weight requires --teacher-field"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("t5")));
+}
+
+// --data-seed: the seed of the batch order alone. Fine-tunes that differ only in it start from the
+// same weights -- at a learning rate too small to move any fp32 weight the saved model is the
+// initialisation, equal across data seeds and not across --seed -- and train differently at a
+// real rate; without it the order follows --seed as before. Refused without --task classify.
+TEST_F(PosttrainFaultTest, DataSeedChangesTheBatchOrderAndNotTheInitialWeights) {
+  auto weights = [&](const std::string& out, const std::vector<std::string>& extra) {
+    auto args = train_args(path("train.jsonl"), path(out));
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_corelm(args, opts());
+    EXPECT_EQ(r.rc, 0) << r.all();
+    return slurp(path(out) + "/model.safetensors");
+  };
+  const std::string init = weights("i0", {"--lr", "1e-30", "--seed", "3"});
+  ASSERT_FALSE(init.empty());
+  EXPECT_EQ(weights("i1", {"--lr", "1e-30", "--seed", "3", "--data-seed", "4"}), init);
+  EXPECT_NE(weights("i2", {"--lr", "1e-30", "--seed", "5", "--data-seed", "4"}), init);
+  const std::string trained = weights("t0", {"--seed", "3"});
+  EXPECT_NE(trained, init);
+  EXPECT_EQ(weights("t1", {"--seed", "3", "--data-seed", "3"}), trained);
+  EXPECT_NE(weights("t2", {"--seed", "3", "--data-seed", "4"}), trained);
+  auto args = train_args(path("train.jsonl"), path("t3"));
+  args.insert(args.end(), {"--data-seed", "4"});
+  CliResult r = run_corelm(args, opts());
+  ASSERT_EQ(r.rc, 0) << r.all();
+  EXPECT_EQ(nlohmann::json::parse(r.out)["data_seed"], 4);
+  r = run_corelm({"train", "--data", path("train.jsonl"), "--out", path("t4"), "--steps", "2", "--data-seed", "4"},
+                 opts());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--data-seed are for --task classify"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("t4") + "/model.safetensors"));
 }
 
 // bench/teacher_probs.py (round 3's soft targets): TRAIN comes back with each record's fields and
