@@ -165,11 +165,13 @@ fi
 if [[ -n $init ]]; then base+=(--init "$init"); else base+=(--config "$work/config.json"); fi
 
 dseeds=${DATA_SEEDS:-}
+# A grid point's folder: WORK/lr<LR>_<POOLING>, with _d<K> for an extra data seed K.
+point_dir() { echo "$work/lr$1_$2${3:+_d$3}"; }
 best="" best_acc=-1 best_loss=0
 for lr in $lrs; do
   for pool in $poolings; do
    for ds in "" $dseeds; do
-    out="$work/lr${lr}_$pool${ds:+_d$ds}"
+    out=$(point_dir "$lr" "$pool" "$ds")
     if [[ ${REUSE:-0} == 1 && -s $out.json && -f $out/model.safetensors &&
           ( $ckpt_soup == 0 || -d $out/checkpoints/step-$(printf %08d "$eval_every") ) ]]; then
       echo "classify_recipe: REUSE=1: keeping the trained $out" >&2
@@ -193,7 +195,7 @@ if [[ ${SOUP:-1} == 1 ]]; then
   members=()
   for lr in $lrs; do
    for ds in "" $dseeds; do
-    point="$work/lr${lr}_$pool_best${ds:+_d$ds}"
+    point=$(point_dir "$lr" "$pool_best" "$ds")
     members+=("$point")
     if [[ $ckpt_soup == 1 ]]; then
       for c in "$point"/checkpoints/step-*; do [[ -f $c/model.safetensors ]] && members+=("$c"); done
@@ -211,7 +213,7 @@ fi
 # stay, so REUSE=1 and a re-run of the merge still work. KEEP_OPTIMIZER=1 keeps it.
 if [[ $ckpt_soup == 1 && ${KEEP_OPTIMIZER:-0} != 1 ]]; then
   for lr in $lrs; do for pool in $poolings; do for ds in "" $dseeds; do
-    rm -f "$work/lr${lr}_$pool${ds:+_d$ds}"/checkpoints/step-*/optimizer.safetensors
+    rm -f "$(point_dir "$lr" "$pool" "$ds")"/checkpoints/step-*/optimizer.safetensors
   done; done; done
 fi
 train_s=$(python3 -c "import time; print(round(time.time() - $start, 1))")
